@@ -1,0 +1,11 @@
+/* Symbol visibility for the tfab public API. */
+#ifndef TFAB_EXPORT_H
+#define TFAB_EXPORT_H
+
+#if defined(TFAB_BUILDING) && defined(__GNUC__)
+#define TFAB_EXPORT __attribute__((visibility("default")))
+#else
+#define TFAB_EXPORT
+#endif
+
+#endif

@@ -1,0 +1,226 @@
+/* The configuration table and its parsers. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tfab/config.h>
+#include <tfab/status.h>
+
+#include "util/config.h"
+#include "util/log.h"
+
+static int parse_string(const char *text, void *field, size_t size, unsigned long min,
+			unsigned long max)
+{
+	(void)min;
+	(void)max;
+	if (strlen(text) >= size)
+		return -ENAMETOOLONG;
+	memcpy(field, text, strlen(text) + 1);
+	return 0;
+}
+
+static void format_string(const void *field, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s", (const char *)field);
+}
+
+/* An unsigned number with an optional K, M or G (binary) suffix. */
+static int parse_uint(const char *text, void *field, size_t size, unsigned long min,
+		      unsigned long max)
+{
+	unsigned long long v, mult = 1;
+	char *end;
+
+	(void)size;
+	if (*text == '-' || *text == '\0')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(text, &end, 0);
+	if (errno || end == text)
+		return -EINVAL;
+	switch (*end) {
+	case 'k':
+	case 'K':
+		mult = 1ull << 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		mult = 1ull << 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		mult = 1ull << 30;
+		end++;
+		break;
+	}
+	if (*end)
+		return -EINVAL;
+	if (v > ~0ull / mult)
+		return -ERANGE;
+	v *= mult;
+	if (v < min || v > max)
+		return -ERANGE;
+	*(unsigned *)field = (unsigned)v;
+	return 0;
+}
+
+static void format_uint(const void *field, char *buf, size_t len)
+{
+	snprintf(buf, len, "%u", *(const unsigned *)field);
+}
+
+static int parse_level(const char *text, void *field, size_t size, unsigned long min,
+		       unsigned long max)
+{
+	enum tfab_log_level level;
+	int rc;
+
+	(void)size;
+	(void)min;
+	(void)max;
+	rc = tfab__log_level_parse(text, &level);
+	if (rc == 0)
+		*(int *)field = (int)level;
+	return rc;
+}
+
+static void format_level(const void *field, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s", tfab_log_level_name((enum tfab_log_level) * (const int *)field));
+}
+
+static const struct tfab_config_parser parser_string = {"string", parse_string, format_string};
+static const struct tfab_config_parser parser_uint = {"uint", parse_uint, format_uint};
+static const struct tfab_config_parser parser_level = {"level", parse_level, format_level};
+
+#define FIELD(f) offsetof(struct tfab_config, f), sizeof(((struct tfab_config *)0)->f)
+
+static const struct tfab_config_entry table[] = {
+	{"TFAB_PROVIDER", "auto",
+	 "Fabric backend: auto (verbs when a device has an active port, else libfabric), verbs, "
+	 "ofi, or ofi:<libfabric provider>",
+	 FIELD(provider), &parser_string, 0, 0},
+	{"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
+	 FIELD(log_level), &parser_level, 0, 0},
+	{"TFAB_CONNECT_TIMEOUT_MS", "10000",
+	 "Longest wait for a peer while connecting or bootstrapping, in milliseconds",
+	 FIELD(connect_timeout_ms), &parser_uint, 1, 3600000},
+	{"TFAB_OFI_DOMAIN", "",
+	 "libfabric domain (interface) to open, such as lo or eth0; empty takes libfabric's first",
+	 FIELD(ofi_domain), &parser_string, 0, 0},
+	{"TFAB_OFI_CQ_SIZE", "4096", "libfabric completion queue depth, in entries",
+	 FIELD(ofi_cq_size), &parser_uint, 16, 1u << 20},
+	{"TFAB_OFI_RX_DEPTH", "512",
+	 "Receives kept posted for remote writes on providers that need them (FI_RX_CQ_DATA mode)",
+	 FIELD(ofi_rx_depth), &parser_uint, 1, 65536},
+	{"TFAB_OFI_POLL_BATCH", "32", "Completions read from the libfabric queue per call",
+	 FIELD(ofi_poll_batch), &parser_uint, 1, 1024},
+};
+
+#define TABLE_LEN (sizeof(table) / sizeof(table[0]))
+
+const struct tfab_config_entry *tfab__config_table(size_t *count_p)
+{
+	*count_p = TABLE_LEN;
+	return table;
+}
+
+const struct tfab_config_entry *tfab__config_find(const char *name)
+{
+	for (size_t i = 0; i < TABLE_LEN; i++)
+		if (strcmp(table[i].name, name) == 0)
+			return &table[i];
+	return NULL;
+}
+
+static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e,
+		     const char *value, char *errbuf, size_t errlen)
+{
+	int rc = e->parser->parse(value, (char *)cfg + e->offset, e->size, e->min, e->max);
+
+	if (rc == 0)
+		return 0;
+	if (errbuf && errlen) {
+		if (rc == -ERANGE)
+			snprintf(errbuf, errlen, "%s=%s is out of range (%lu..%lu)", e->name,
+				 value, e->min, e->max);
+		else
+			snprintf(errbuf, errlen, "%s=%s is not a valid %s value: %s", e->name,
+				 value, e->parser->kind, tfab_strerror(rc));
+	}
+	return -TFAB_ERR_CONFIG;
+}
+
+int tfab__config_set(struct tfab_config *cfg, const char *name, const char *value, char *errbuf,
+		     size_t errlen)
+{
+	const struct tfab_config_entry *e = tfab__config_find(name);
+
+	if (!e) {
+		if (errbuf && errlen)
+			snprintf(errbuf, errlen, "%s is not a tfab setting", name);
+		return -ENOENT;
+	}
+	return entry_set(cfg, e, value, errbuf, errlen);
+}
+
+int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen)
+{
+	int first_rc = 0;
+
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < TABLE_LEN; i++) {
+		/* The defaults are ours; one that does not parse is a bug caught by the tests. */
+		if (entry_set(cfg, &table[i], table[i].dflt, NULL, 0) != 0)
+			abort();
+	}
+	for (size_t i = 0; i < TABLE_LEN; i++) {
+		const char *env = getenv(table[i].name);
+		int rc;
+
+		if (!env)
+			continue;
+		rc = entry_set(cfg, &table[i], env, first_rc ? NULL : errbuf,
+			       first_rc ? 0 : errlen);
+		if (rc && !first_rc)
+			first_rc = rc;
+		if (rc)
+			entry_set(cfg, &table[i], table[i].dflt, NULL, 0);
+	}
+	return first_rc;
+}
+
+void tfab__config_format(const struct tfab_config *cfg, const struct tfab_config_entry *e,
+			 char *buf, size_t len)
+{
+	e->parser->format((const char *)cfg + e->offset, buf, len);
+}
+
+/* Public introspection. */
+
+size_t tfab_setting_count(void)
+{
+	return TABLE_LEN;
+}
+
+int tfab_setting_get(size_t i, struct tfab_setting_info *info_p)
+{
+	if (i >= TABLE_LEN)
+		return -EINVAL;
+	info_p->name = table[i].name;
+	info_p->dflt = table[i].dflt;
+	info_p->help = table[i].help;
+	info_p->value = getenv(table[i].name);
+	return 0;
+}
+
+int tfab_settings_check(char *errbuf, size_t errlen)
+{
+	struct tfab_config cfg;
+
+	return tfab__config_init(&cfg, errbuf, errlen);
+}

@@ -1,0 +1,59 @@
+/*
+ * The configuration table: one declarative row per TFAB_* setting (name, default, help, field
+ * offset, parser). tfab__config_init() fills a struct tfab_config from the defaults and then
+ * the environment, once, when a context (or a tool) starts.
+ */
+#ifndef TFAB_UTIL_CONFIG_H
+#define TFAB_UTIL_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct tfab_config {
+	char provider[64];           /* TFAB_PROVIDER */
+	int log_level;               /* TFAB_LOG_LEVEL */
+	unsigned connect_timeout_ms; /* TFAB_CONNECT_TIMEOUT_MS */
+	char ofi_domain[64];         /* TFAB_OFI_DOMAIN */
+	unsigned ofi_cq_size;        /* TFAB_OFI_CQ_SIZE */
+	unsigned ofi_rx_depth;       /* TFAB_OFI_RX_DEPTH */
+	unsigned ofi_poll_batch;     /* TFAB_OFI_POLL_BATCH */
+};
+
+struct tfab_config_parser {
+	const char *kind; /* "string", "uint", "level" */
+	int (*parse)(const char *text, void *field, size_t size, unsigned long min,
+		     unsigned long max);
+	void (*format)(const void *field, char *buf, size_t len);
+};
+
+struct tfab_config_entry {
+	const char *name;
+	const char *dflt;
+	const char *help;
+	size_t offset;
+	size_t size;
+	const struct tfab_config_parser *parser;
+	unsigned long min, max; /* bounds for numbers */
+};
+
+/* The table and its length. */
+const struct tfab_config_entry *tfab__config_table(size_t *count_p);
+
+/* Find a row by variable name; NULL when there is none. */
+const struct tfab_config_entry *tfab__config_find(const char *name);
+
+/*
+ * Defaults, then the environment. Returns 0, or -TFAB_ERR_CONFIG naming the bad variable in
+ * errbuf; cfg then holds defaults for everything that failed.
+ */
+int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen);
+
+/* Set one field from text; returns 0, -ENOENT for an unknown name, or -TFAB_ERR_CONFIG. */
+int tfab__config_set(struct tfab_config *cfg, const char *name, const char *value, char *errbuf,
+		     size_t errlen);
+
+/* The current value of a field as text. */
+void tfab__config_format(const struct tfab_config *cfg, const struct tfab_config_entry *e,
+			 char *buf, size_t len);
+
+#endif

@@ -1,0 +1,707 @@
+/*
+ * The libfabric backend: FI_EP_RDM endpoints, fi_writedata with FI_REMOTE_CQ_DATA, one CQ for
+ * both directions. Handles both MR addressing modes (offsets with keys of our choosing, or
+ * FI_MR_VIRT_ADDR), FI_MR_LOCAL, FI_MR_PROV_KEY, FI_MR_ENDPOINT, the FI_CONTEXT modes, and the
+ * FI_RX_CQ_DATA mode (receives kept posted for remote CQ data, as libfabric's verbs needs).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <tfab/status.h>
+
+#include "providers/provider.h"
+#include "util/config.h"
+#include "util/log.h"
+
+#define SUBSYS "ofi"
+#define TFAB_OFI_VERSION FI_VERSION(1, 9)
+#define TFAB_OFI_MAX_ADDR 256
+#define TFAB_OFI_OP_CHUNK 256
+
+enum tfab_ofi_op_kind { TFAB_OFI_OP_WRITE = 1, TFAB_OFI_OP_RX };
+
+/* Per-operation context; fi_context2 first, as the FI_CONTEXT modes require. */
+struct tfab_ofi_op {
+	struct fi_context2 fictx;
+	enum tfab_ofi_op_kind kind;
+	void *ctx;
+	struct tfab_ofi_op *next;
+};
+
+struct tfab_ofi_chunk {
+	struct tfab_ofi_chunk *next;
+	struct tfab_ofi_op ops[TFAB_OFI_OP_CHUNK];
+};
+
+struct tfab_ep {
+	struct tfab_caps caps;
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_av *av;
+	struct fid_cq *cq;
+	struct fid_ep *ep;
+	uint64_t mr_mode;
+	uint64_t next_key;
+	bool rx_cq_data;
+	unsigned rx_depth, rx_posted;
+	struct tfab_ofi_op *free_ops;
+	struct tfab_ofi_chunk *chunks;
+	unsigned poll_batch;
+	struct fi_cq_data_entry *cqe;
+	int npeers, nmrs;
+	size_t addrlen;
+	char addr[TFAB_OFI_MAX_ADDR];
+	char errmsg[256];
+};
+
+struct tfab_peer {
+	struct tfab_ep *ep;
+	fi_addr_t fi_addr;
+};
+
+static int ofi_err(int fi_rc)
+{
+	/* libfabric returns -FI_Exxx, equal to -errno for the errno range. */
+	if (fi_rc >= 0)
+		return fi_rc;
+	if (-fi_rc < FI_ERRNO_OFFSET)
+		return fi_rc;
+	switch (-fi_rc) {
+	case FI_ENOKEY:
+		return -TFAB_ERR_REMOTE_ACCESS;
+	case FI_ETRUNC:
+	case FI_ETOOSMALL:
+		return -EMSGSIZE;
+	default:
+		return -TFAB_ERR_FABRIC;
+	}
+}
+
+/* A completion error's fi errno as a tfab status. */
+static int ofi_cq_status(int err)
+{
+	switch (err) {
+	case FI_EACCES:
+	case FI_EPERM:
+	case FI_ENOKEY:
+	case FI_EFAULT:
+	case FI_EINVAL:
+	case ERANGE:
+		return -TFAB_ERR_REMOTE_ACCESS;
+	case FI_ECONNRESET:
+	case FI_ECONNREFUSED:
+	case FI_ECONNABORTED:
+	case FI_ENOTCONN:
+	case FI_EHOSTUNREACH:
+	case FI_ETIMEDOUT:
+	case FI_ESHUTDOWN:
+	case EPIPE:
+	case ESRCH:
+		return -TFAB_ERR_PEER_FAILED;
+	case FI_ECANCELED:
+		return -ECANCELED;
+	default:
+		return err > 0 ? -TFAB_ERR_FABRIC : err;
+	}
+}
+
+static struct fi_info *make_hints(const char *fabric)
+{
+	struct fi_info *hints = fi_allocinfo();
+
+	if (!hints)
+		return NULL;
+	hints->ep_attr->type = FI_EP_RDM;
+	/* FI_WRITE|FI_REMOTE_WRITE rather than FI_RMA alone keeps FI_WRITE in the caps. */
+	hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+	hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+	hints->domain_attr->mr_mode =
+		FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+	hints->domain_attr->threading = FI_THREAD_DOMAIN;
+	hints->domain_attr->cq_data_size = 4;
+	if (fabric) {
+		hints->fabric_attr->prov_name = strdup(fabric);
+		if (!hints->fabric_attr->prov_name) {
+			fi_freeinfo(hints);
+			return NULL;
+		}
+	}
+	return hints;
+}
+
+static int get_infos(const char *fabric, struct fi_info **infos_p)
+{
+	struct fi_info *hints = make_hints(fabric);
+	int rc;
+
+	if (!hints)
+		return -ENOMEM;
+	rc = fi_getinfo(TFAB_OFI_VERSION, NULL, NULL, 0, hints, infos_p);
+	fi_freeinfo(hints);
+	if (rc == -FI_ENODATA)
+		return -TFAB_ERR_NO_FABRIC;
+	return rc ? ofi_err(rc) : 0;
+}
+
+/* Whether a returned info matches a requested provider name: whole, or its core ("tcp"). */
+static bool prov_matches(const struct fi_info *fi, const char *fabric)
+{
+	const char *p = fi->fabric_attr->prov_name;
+	size_t n;
+
+	if (!fabric)
+		return true;
+	n = strlen(fabric);
+	return strcmp(p, fabric) == 0 || (strncmp(p, fabric, n) == 0 && p[n] == ';');
+}
+
+static bool info_usable(const struct fi_info *fi)
+{
+	return fi->domain_attr->cq_data_size >= 4 && (fi->caps & FI_WRITE) &&
+	       (fi->caps & FI_REMOTE_WRITE);
+}
+
+static void describe(const struct fi_info *fi, struct tfab_fabric_desc *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->backend = "ofi";
+	snprintf(d->fabric, sizeof(d->fabric), "%s", fi->fabric_attr->prov_name);
+	snprintf(d->domain, sizeof(d->domain), "%s", fi->domain_attr->name);
+	snprintf(d->detail, sizeof(d->detail),
+		 "mr=%s%s%s imm=4B key=%zuB inject=%zu progress=%s max_msg=%llu%s",
+		 (fi->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? "virt" : "offset",
+		 (fi->domain_attr->mr_mode & FI_MR_LOCAL) ? ",local" : "",
+		 (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) ? ",prov_key" : "",
+		 fi->domain_attr->mr_key_size, fi->tx_attr->inject_size,
+		 fi->domain_attr->data_progress == FI_PROGRESS_MANUAL ? "manual" : "auto",
+		 (unsigned long long)fi->ep_attr->max_msg_size,
+		 (fi->mode & FI_RX_CQ_DATA) ? " rx_cq_data" : "");
+}
+
+static int tfab_ofi_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb,
+			  void *arg)
+{
+	struct fi_info *infos, *fi;
+	struct tfab_fabric_desc d;
+	int rc, n = 0;
+
+	(void)cfg;
+	rc = get_infos(fabric, &infos);
+	if (rc == -TFAB_ERR_NO_FABRIC)
+		return 0;
+	if (rc)
+		return rc;
+	for (fi = infos; fi; fi = fi->next) {
+		struct fi_info *prev;
+
+		if (!info_usable(fi) || !prov_matches(fi, fabric))
+			continue;
+		/* One line per provider and domain (IPv4 and IPv6 variants repeat). */
+		for (prev = infos; prev != fi; prev = prev->next)
+			if (info_usable(prev) && prov_matches(prev, fabric) &&
+			    strcmp(prev->fabric_attr->prov_name, fi->fabric_attr->prov_name) == 0 &&
+			    strcmp(prev->domain_attr->name, fi->domain_attr->name) == 0)
+				break;
+		if (prev != fi)
+			continue;
+		describe(fi, &d);
+		cb(arg, &d);
+		n++;
+	}
+	fi_freeinfo(infos);
+	return n;
+}
+
+/* Choose among the returned infos: TFAB_OFI_DOMAIN if set, else "lo" when local, else first. */
+static int choose_info(const struct tfab_open_args *args, struct fi_info *infos,
+		       struct fi_info **fi_p)
+{
+	const char *want = args->cfg->ofi_domain;
+	struct fi_info *fi, *first = NULL, *lo = NULL;
+
+	for (fi = infos; fi; fi = fi->next) {
+		if (!info_usable(fi) || !prov_matches(fi, args->fabric))
+			continue;
+		if (want[0]) {
+			if (strcmp(fi->domain_attr->name, want) == 0) {
+				*fi_p = fi;
+				return 0;
+			}
+			continue;
+		}
+		if (!first)
+			first = fi;
+		if (!lo && strcmp(fi->domain_attr->name, "lo") == 0)
+			lo = fi;
+	}
+	if (want[0]) {
+		char list[256] = "";
+		size_t len = 0;
+
+		for (fi = infos; fi && len < sizeof(list); fi = fi->next)
+			if (info_usable(fi) && prov_matches(fi, args->fabric))
+				len += (size_t)snprintf(list + len, sizeof(list) - len, " %s/%s",
+							fi->fabric_attr->prov_name,
+							fi->domain_attr->name);
+		TFAB_ERROR(SUBSYS, "TFAB_OFI_DOMAIN=%s matches no domain; there are:%s", want,
+			   list[0] ? list : " none");
+		return -TFAB_ERR_NO_FABRIC;
+	}
+	if (!first)
+		return -TFAB_ERR_NO_FABRIC;
+	*fi_p = (args->local_only && lo) ? lo : first;
+	return 0;
+}
+
+static struct tfab_ofi_op *op_get(struct tfab_ep *ep)
+{
+	struct tfab_ofi_op *op = ep->free_ops;
+
+	if (!op) {
+		struct tfab_ofi_chunk *c = calloc(1, sizeof(*c));
+
+		if (!c)
+			return NULL;
+		c->next = ep->chunks;
+		ep->chunks = c;
+		for (int i = 0; i < TFAB_OFI_OP_CHUNK; i++) {
+			c->ops[i].next = ep->free_ops;
+			ep->free_ops = &c->ops[i];
+		}
+		op = ep->free_ops;
+	}
+	ep->free_ops = op->next;
+	return op;
+}
+
+static void op_put(struct tfab_ep *ep, struct tfab_ofi_op *op)
+{
+	op->next = ep->free_ops;
+	ep->free_ops = op;
+}
+
+/*
+ * In FI_RX_CQ_DATA mode a remote write's completion carries the context of the receive it
+ * consumed; otherwise its op_context means nothing and must not be read.
+ */
+static struct tfab_ofi_op *rx_op_of(const struct tfab_ep *ep, void *op_context)
+{
+	struct tfab_ofi_op *op = op_context;
+
+	return (ep->rx_cq_data && op && op->kind == TFAB_OFI_OP_RX) ? op : NULL;
+}
+
+/* Keep every receive posted (FI_RX_CQ_DATA mode); -EAGAIN leaves the rest for the next poll. */
+static void rx_refill(struct tfab_ep *ep)
+{
+	while (ep->rx_posted < ep->rx_depth) {
+		struct tfab_ofi_op *op = op_get(ep);
+		ssize_t rc;
+
+		if (!op)
+			return;
+		op->kind = TFAB_OFI_OP_RX;
+		op->ctx = NULL;
+		rc = fi_recv(ep->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, &op->fictx);
+		if (rc) {
+			op_put(ep, op);
+			if (rc != -FI_EAGAIN)
+				TFAB_ERROR(SUBSYS, "fi_recv: %s", fi_strerror((int)-rc));
+			return;
+		}
+		ep->rx_posted++;
+	}
+}
+
+static void rx_done(struct tfab_ep *ep, struct tfab_ofi_op *op)
+{
+	ep->rx_posted--;
+	op_put(ep, op);
+}
+
+static int tfab_ofi_close(struct tfab_ep *ep)
+{
+	if (!ep)
+		return 0;
+	if (ep->npeers || ep->nmrs)
+		return -EBUSY;
+	if (ep->ep)
+		fi_close(&ep->ep->fid);
+	if (ep->av)
+		fi_close(&ep->av->fid);
+	if (ep->cq)
+		fi_close(&ep->cq->fid);
+	if (ep->domain)
+		fi_close(&ep->domain->fid);
+	if (ep->fabric)
+		fi_close(&ep->fabric->fid);
+	if (ep->info)
+		fi_freeinfo(ep->info);
+	while (ep->chunks) {
+		struct tfab_ofi_chunk *c = ep->chunks;
+
+		ep->chunks = c->next;
+		free(c);
+	}
+	free(ep->cqe);
+	free(ep);
+	return 0;
+}
+
+#define CHECK_FI(call, label)                                                         \
+	do {                                                                          \
+		int rc_ = (int)(call);                                                \
+		if (rc_) {                                                            \
+			TFAB_ERROR(SUBSYS, "%s: %s", #call, fi_strerror(-rc_));       \
+			rc = ofi_err(rc_);                                            \
+			goto label;                                                   \
+		}                                                                     \
+	} while (0)
+
+static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_p)
+{
+	const struct tfab_config *cfg = args->cfg;
+	struct fi_info *infos = NULL, *fi;
+	struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
+	struct tfab_ep *ep;
+	int rc;
+
+	ep = calloc(1, sizeof(*ep));
+	if (!ep)
+		return -ENOMEM;
+	rc = get_infos(args->fabric, &infos);
+	if (rc)
+		goto err;
+	rc = choose_info(args, infos, &fi);
+	if (rc)
+		goto err;
+	ep->info = fi_dupinfo(fi);
+	fi_freeinfo(infos);
+	infos = NULL;
+	if (!ep->info) {
+		rc = -ENOMEM;
+		goto err;
+	}
+	fi = ep->info;
+	ep->mr_mode = fi->domain_attr->mr_mode;
+	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
+	ep->next_key = 1;
+	ep->poll_batch = cfg->ofi_poll_batch;
+	ep->cqe = calloc(ep->poll_batch, sizeof(*ep->cqe));
+	if (!ep->cqe) {
+		rc = -ENOMEM;
+		goto err;
+	}
+
+	CHECK_FI(fi_fabric(fi->fabric_attr, &ep->fabric, NULL), err);
+	CHECK_FI(fi_domain(ep->fabric, fi, &ep->domain, NULL), err);
+	CHECK_FI(fi_av_open(ep->domain, &av_attr, &ep->av, NULL), err);
+	cq_attr.size = cfg->ofi_cq_size;
+	CHECK_FI(fi_cq_open(ep->domain, &cq_attr, &ep->cq, NULL), err);
+	CHECK_FI(fi_endpoint(ep->domain, fi, &ep->ep, NULL), err);
+	CHECK_FI(fi_ep_bind(ep->ep, &ep->av->fid, 0), err);
+	CHECK_FI(fi_ep_bind(ep->ep, &ep->cq->fid, FI_TRANSMIT | FI_RECV), err);
+	CHECK_FI(fi_enable(ep->ep), err);
+	ep->addrlen = sizeof(ep->addr);
+	CHECK_FI(fi_getname(&ep->ep->fid, ep->addr, &ep->addrlen), err);
+
+	if (ep->rx_cq_data) {
+		ep->rx_depth = cfg->ofi_rx_depth;
+		if (fi->rx_attr->size && ep->rx_depth > fi->rx_attr->size)
+			ep->rx_depth = (unsigned)fi->rx_attr->size;
+		rx_refill(ep);
+	}
+
+	ep->caps.backend = "ofi";
+	snprintf(ep->caps.fabric, sizeof(ep->caps.fabric), "%s", fi->fabric_attr->prov_name);
+	snprintf(ep->caps.domain, sizeof(ep->caps.domain), "%s", fi->domain_attr->name);
+	ep->caps.imm_bytes = 4;
+	ep->caps.mr_addr = (ep->mr_mode & FI_MR_VIRT_ADDR) ? TFAB_MR_ADDR_VIRT : TFAB_MR_ADDR_OFFSET;
+	ep->caps.key_bytes = (unsigned)fi->domain_attr->mr_key_size;
+	ep->caps.max_msg_size = fi->ep_attr->max_msg_size;
+	ep->caps.inject_size = fi->tx_attr->inject_size;
+	ep->caps.addr_len = ep->addrlen;
+	ep->caps.hmem_cuda = false; /* needs a libfabric built with CUDA and FI_HMEM wiring */
+	ep->caps.manual_progress = fi->domain_attr->data_progress == FI_PROGRESS_MANUAL;
+	ep->caps.mr_local = (ep->mr_mode & FI_MR_LOCAL) != 0;
+	TFAB_INFO(SUBSYS, "opened %s on %s: mr=%s rx_cq_data=%d", ep->caps.fabric,
+		  ep->caps.domain, ep->caps.mr_addr == TFAB_MR_ADDR_VIRT ? "virt" : "offset",
+		  ep->rx_cq_data);
+	*ep_p = ep;
+	return 0;
+err:
+	if (infos)
+		fi_freeinfo(infos);
+	tfab_ofi_close(ep);
+	return rc;
+}
+
+static const struct tfab_caps *tfab_ofi_caps(const struct tfab_ep *ep)
+{
+	return &ep->caps;
+}
+
+static int tfab_ofi_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
+{
+	if (*len_p < ep->addrlen)
+		return -ENOSPC;
+	memcpy(buf, ep->addr, ep->addrlen);
+	*len_p = ep->addrlen;
+	return 0;
+}
+
+static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
+			    struct tfab_peer **peer_p)
+{
+	struct tfab_peer *peer;
+	int rc;
+
+	if (len == 0 || len > TFAB_OFI_MAX_ADDR)
+		return -EINVAL;
+	peer = calloc(1, sizeof(*peer));
+	if (!peer)
+		return -ENOMEM;
+	rc = fi_av_insert(ep->av, addr, 1, &peer->fi_addr, 0, NULL);
+	if (rc != 1) {
+		TFAB_ERROR(SUBSYS, "fi_av_insert: %s", rc < 0 ? fi_strerror(-rc) : "bad address");
+		free(peer);
+		return rc < 0 ? ofi_err(rc) : -EINVAL;
+	}
+	peer->ep = ep;
+	ep->npeers++;
+	*peer_p = peer;
+	return 0;
+}
+
+static int tfab_ofi_disconnect(struct tfab_peer *peer)
+{
+	if (!peer)
+		return 0;
+	fi_av_remove(peer->ep->av, &peer->fi_addr, 1, 0);
+	peer->ep->npeers--;
+	free(peer);
+	return 0;
+}
+
+static int tfab_ofi_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
+			   struct tfab_mr **mr_p)
+{
+	uint64_t fi_access = 0;
+	struct fid_mr *fmr;
+	struct tfab_mr *mr;
+	int rc;
+
+	if (!addr || !len)
+		return -EINVAL;
+	if (access & TFAB_MR_LOCAL_WRITE)
+		fi_access |= FI_WRITE;
+	if (access & TFAB_MR_REMOTE_WRITE)
+		fi_access |= FI_REMOTE_WRITE;
+	mr = calloc(1, sizeof(*mr));
+	if (!mr)
+		return -ENOMEM;
+	/* Keys are ours to choose unless FI_MR_PROV_KEY: unique per domain. */
+	rc = fi_mr_reg(ep->domain, addr, len, fi_access, 0, ep->next_key, 0, &fmr, ep);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "fi_mr_reg(%zu bytes): %s", len, fi_strerror(-rc));
+		free(mr);
+		return ofi_err(rc);
+	}
+	ep->next_key++;
+	if (ep->mr_mode & FI_MR_ENDPOINT) {
+		rc = fi_mr_bind(fmr, &ep->ep->fid, 0);
+		if (!rc)
+			rc = fi_mr_enable(fmr);
+		if (rc) {
+			TFAB_ERROR(SUBSYS, "binding a memory region: %s", fi_strerror(-rc));
+			fi_close(&fmr->fid);
+			free(mr);
+			return ofi_err(rc);
+		}
+	}
+	mr->addr = addr;
+	mr->len = len;
+	mr->rkey = fi_mr_key(fmr);
+	mr->raddr = (ep->mr_mode & FI_MR_VIRT_ADDR) ? (uint64_t)(uintptr_t)addr : 0;
+	mr->desc = fi_mr_desc(fmr);
+	mr->prov = fmr;
+	ep->nmrs++;
+	*mr_p = mr;
+	return 0;
+}
+
+static int tfab_ofi_mr_dereg(struct tfab_mr *mr)
+{
+	struct fid_mr *fmr;
+	struct tfab_ep *ep;
+	int rc;
+
+	if (!mr)
+		return 0;
+	fmr = mr->prov;
+	ep = fmr->fid.context; /* given to fi_mr_reg */
+	rc = fi_close(&fmr->fid);
+	if (rc)
+		TFAB_WARN(SUBSYS, "closing a memory region: %s", fi_strerror(-rc));
+	ep->nmrs--;
+	free(mr);
+	return 0;
+}
+
+static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_peer *peer, const void *lbuf,
+			      size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
+			      uint32_t imm, unsigned flags, void *ctx)
+{
+	struct tfab_ofi_op *op;
+	ssize_t rc;
+
+	if (len > ep->caps.max_msg_size)
+		return -EMSGSIZE;
+	if (flags & TFAB_WRITE_INJECT) {
+		if (len > ep->caps.inject_size)
+			return -EMSGSIZE;
+		rc = fi_inject_writedata(ep->ep, lbuf, len, imm, peer->fi_addr, raddr, rkey);
+		if (rc == -FI_EAGAIN)
+			return -EAGAIN;
+		if (rc)
+			TFAB_ERROR(SUBSYS, "fi_inject_writedata: %s", fi_strerror((int)-rc));
+		return rc ? ofi_err((int)rc) : 0;
+	}
+	op = op_get(ep);
+	if (!op)
+		return -ENOMEM;
+	op->kind = TFAB_OFI_OP_WRITE;
+	op->ctx = ctx;
+	rc = fi_writedata(ep->ep, lbuf, len, lmr ? lmr->desc : NULL, imm, peer->fi_addr, raddr,
+			  rkey, &op->fictx);
+	if (rc) {
+		op_put(ep, op);
+		if (rc == -FI_EAGAIN)
+			return -EAGAIN;
+		TFAB_ERROR(SUBSYS, "fi_writedata(%zu bytes): %s", len, fi_strerror((int)-rc));
+		return ofi_err((int)rc);
+	}
+	return 0;
+}
+
+static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
+{
+	struct fi_cq_err_entry err = {0};
+	struct tfab_ofi_op *op;
+	const char *msg;
+	ssize_t rc;
+
+	rc = fi_cq_readerr(ep->cq, &err, 0);
+	if (rc < 0)
+		return rc == -FI_EAGAIN ? 0 : ofi_err((int)rc);
+	op = err.op_context;
+	if (op && op->kind == TFAB_OFI_OP_RX && !ep->rx_cq_data)
+		op = NULL;
+	msg = fi_cq_strerror(ep->cq, err.prov_errno, err.err_data, ep->errmsg,
+			     sizeof(ep->errmsg));
+	if (msg && msg != ep->errmsg)
+		snprintf(ep->errmsg, sizeof(ep->errmsg), "%s", msg);
+	memset(ev, 0, sizeof(*ev));
+	if (op && op->kind == TFAB_OFI_OP_RX) {
+		rx_done(ep, op);
+		/* A flushed receive at teardown is not news; anything else is. */
+		if (err.err == FI_ECANCELED)
+			return 0;
+	}
+	ev->type = TFAB_EV_ERROR;
+	ev->status = ofi_cq_status(err.err);
+	ev->ctx = (op && op->kind == TFAB_OFI_OP_WRITE) ? op->ctx : NULL;
+	ev->errmsg = ep->errmsg;
+	TFAB_DEBUG(SUBSYS, "completion error: %s (%s, prov_errno %d)", fi_strerror(err.err),
+		   ep->errmsg, err.prov_errno);
+	if (op && op->kind == TFAB_OFI_OP_WRITE)
+		op_put(ep, op);
+	return 1;
+}
+
+static int tfab_ofi_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
+{
+	int n = 0;
+
+	while (n < max) {
+		size_t want = (size_t)(max - n) < ep->poll_batch ? (size_t)(max - n)
+								  : ep->poll_batch;
+		ssize_t got = fi_cq_read(ep->cq, ep->cqe, want);
+
+		if (got == -FI_EAGAIN)
+			break;
+		if (got == -FI_EAVAIL) {
+			int rc = read_error(ep, &ev[n]);
+
+			if (rc < 0)
+				return n ? n : rc;
+			n += rc;
+			continue;
+		}
+		if (got < 0) {
+			TFAB_ERROR(SUBSYS, "fi_cq_read: %s", fi_strerror((int)-got));
+			return n ? n : ofi_err((int)got);
+		}
+		for (ssize_t i = 0; i < got; i++) {
+			const struct fi_cq_data_entry *e = &ep->cqe[i];
+			struct tfab_ofi_op *op = e->op_context;
+			struct tfab_event *out = &ev[n];
+
+			/* sockets flags its own writes FI_REMOTE_CQ_DATA: local first. */
+			if (e->flags & (FI_WRITE | FI_SEND | FI_READ)) {
+				if (!op || op->kind != TFAB_OFI_OP_WRITE)
+					continue;
+				memset(out, 0, sizeof(*out));
+				out->type = TFAB_EV_WRITE_DONE;
+				out->ctx = op->ctx;
+				op_put(ep, op);
+				n++;
+			} else if (e->flags & FI_REMOTE_CQ_DATA) {
+				struct tfab_ofi_op *rx = rx_op_of(ep, op);
+
+				if (rx)
+					rx_done(ep, rx);
+				memset(out, 0, sizeof(*out));
+				out->type = TFAB_EV_REMOTE_WRITE;
+				out->imm = (uint32_t)e->data;
+				out->len = e->len;
+				n++;
+			} else if (rx_op_of(ep, op)) {
+				/* A receive consumed by something other than CQ data. */
+				rx_done(ep, op);
+			}
+		}
+		if ((size_t)got < want)
+			break;
+	}
+	if (ep->rx_cq_data && ep->rx_posted < ep->rx_depth)
+		rx_refill(ep);
+	return n;
+}
+
+const struct tfab_provider_ops tfab_ofi_ops = {
+	.size = sizeof(struct tfab_provider_ops),
+	.name = "ofi",
+	.probe = tfab_ofi_probe,
+	.open = tfab_ofi_open,
+	.close = tfab_ofi_close,
+	.caps = tfab_ofi_caps,
+	.get_addr = tfab_ofi_get_addr,
+	.connect = tfab_ofi_connect,
+	.disconnect = tfab_ofi_disconnect,
+	.mr_reg = tfab_ofi_mr_reg,
+	.mr_dereg = tfab_ofi_mr_dereg,
+	.write_imm = tfab_ofi_write_imm,
+	.poll = tfab_ofi_poll,
+};

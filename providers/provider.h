@@ -1,0 +1,168 @@
+/*
+ * The internal provider interface: what the protocol engine needs from a fabric, and no more.
+ *
+ * A backend ("ofi", "verbs") is a const table of operations. It opens an endpoint on one
+ * fabric, hands out the endpoint's address as an opaque blob, connects to peers from their
+ * blobs, registers memory, posts RDMA writes that carry a 32-bit immediate, and returns every
+ * completion as one event type. Control messages travel the same way (writes with immediate
+ * into a registered ring), so there is no separate send path.
+ *
+ * Threading: operations on one endpoint (and its peers and memory regions) are not thread-safe;
+ * the engine serialises them. Different endpoints are independent.
+ *
+ * Errors: 0 or a negative status (tfab/status.h). -EAGAIN from write_imm means "no resources
+ * now": drive poll() and retry later. A call that returns an error produces no event.
+ */
+#ifndef TFAB_PROVIDER_H
+#define TFAB_PROVIDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tfab_config;
+struct tfab_ep;   /* an open endpoint: domain, queues, address */
+struct tfab_peer; /* a connected remote endpoint */
+
+/* How a remote address that the target advertises is formed. */
+enum tfab_mr_addr_mode {
+	TFAB_MR_ADDR_VIRT,   /* the target's virtual address (verbs, shm, FI_MR_VIRT_ADDR) */
+	TFAB_MR_ADDR_OFFSET, /* an offset from the region's start (tcp, sockets) */
+};
+
+/* What an endpoint can do: data, read by the engine after open. */
+struct tfab_caps {
+	const char *backend;        /* "ofi", "verbs" */
+	char fabric[64];            /* "tcp;ofi_rxm", "shm", "rxe0" */
+	char domain[64];            /* "lo", "rxe0" */
+	unsigned imm_bytes;         /* width of the immediate the engine may use (4) */
+	enum tfab_mr_addr_mode mr_addr;
+	unsigned key_bytes;         /* significant bytes of a remote key */
+	uint64_t max_msg_size;      /* longest single write */
+	size_t inject_size;         /* longest write that may use TFAB_WRITE_INJECT */
+	size_t addr_len;            /* bytes of the endpoint blob */
+	bool hmem_cuda;             /* CUDA device memory can be registered */
+	bool manual_progress;       /* data moves only while both sides poll */
+	bool mr_local;              /* local buffers must be registered (always done anyway) */
+};
+
+/* A registered memory region. */
+struct tfab_mr {
+	void *addr;        /* start of the region in this process */
+	size_t len;
+	uint64_t rkey;     /* remote key to advertise */
+	uint64_t raddr;    /* remote address of addr to advertise (virtual or offset 0) */
+	void *desc;        /* local descriptor for writes from this region */
+	void *prov;        /* the backend's own handle */
+};
+
+/* Access a region is registered for. */
+enum {
+	TFAB_MR_LOCAL_WRITE = 1u << 0,  /* source of writes */
+	TFAB_MR_REMOTE_WRITE = 1u << 1, /* target of peers' writes */
+};
+
+/* Flags of write_imm. */
+enum {
+	/*
+	 * Copy the payload out before returning (len <= caps.inject_size). No WRITE_DONE event
+	 * follows; errors may still come back as ERROR events with a NULL context.
+	 */
+	TFAB_WRITE_INJECT = 1u << 0,
+};
+
+enum tfab_event_type {
+	TFAB_EV_WRITE_DONE = 1, /* a local write finished; ctx is the caller's */
+	TFAB_EV_REMOTE_WRITE,   /* a peer's write with immediate landed: imm, len */
+	TFAB_EV_ERROR,          /* an operation failed: ctx (may be NULL), status, errmsg */
+};
+
+struct tfab_event {
+	enum tfab_event_type type;
+	int status;         /* 0, or negative for TFAB_EV_ERROR */
+	void *ctx;          /* the write's context */
+	uint32_t imm;       /* REMOTE_WRITE: the immediate */
+	uint64_t len;       /* REMOTE_WRITE: bytes written, where the fabric reports it, else 0 */
+	const char *errmsg; /* ERROR: the fabric's own words; valid until the next poll */
+};
+
+/* Arguments of open. */
+struct tfab_open_args {
+	const struct tfab_config *cfg;
+	const char *fabric;   /* backend-specific fabric name (ofi: "tcp"), NULL for any */
+	bool local_only;      /* prefer the loopback interface: both ends are on this host */
+};
+
+/* One usable fabric on this machine, as listed by probe. */
+struct tfab_fabric_desc {
+	const char *backend;
+	char fabric[64];
+	char domain[64];
+	char detail[192]; /* capabilities in words */
+};
+
+typedef void (*tfab_probe_cb)(void *arg, const struct tfab_fabric_desc *desc);
+
+struct tfab_provider_ops {
+	size_t size;      /* sizeof(struct tfab_provider_ops), for version checks */
+	const char *name; /* "ofi", "verbs" */
+
+	/* Report each usable fabric through cb; returns how many, or a negative status. */
+	int (*probe)(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb,
+		     void *arg);
+
+	int (*open)(const struct tfab_open_args *args, struct tfab_ep **ep_p);
+	/* -EBUSY while peers or regions remain. Safe after a failed open (NULL). */
+	int (*close)(struct tfab_ep *ep);
+	const struct tfab_caps *(*caps)(const struct tfab_ep *ep);
+
+	/* The endpoint's address blob; *len_p in: capacity, out: length. */
+	int (*get_addr)(struct tfab_ep *ep, void *buf, size_t *len_p);
+	int (*connect)(struct tfab_ep *ep, const void *addr, size_t len, struct tfab_peer **peer_p);
+	int (*disconnect)(struct tfab_peer *peer);
+
+	int (*mr_reg)(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
+		      struct tfab_mr **mr_p);
+	int (*mr_dereg)(struct tfab_mr *mr);
+
+	/*
+	 * Write len bytes from lbuf (inside lmr) to raddr/rkey on peer, with imm as immediate.
+	 * raddr is the advertised raddr of the target region plus an offset. ctx comes back in
+	 * the WRITE_DONE or ERROR event. Returns 0, -EAGAIN (back-pressure), or an error.
+	 */
+	int (*write_imm)(struct tfab_ep *ep, struct tfab_peer *peer, const void *lbuf, size_t len,
+			 struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey, uint32_t imm,
+			 unsigned flags, void *ctx);
+
+	/* Drive progress and return up to max events (0 when there are none). Never blocks. */
+	int (*poll)(struct tfab_ep *ep, struct tfab_event *ev, int max);
+};
+
+/* Stubs for operations a backend lacks: each returns -EOPNOTSUPP. */
+int tfab__no_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb,
+		   void *arg);
+int tfab__no_open(const struct tfab_open_args *args, struct tfab_ep **ep_p);
+
+/* The backends built in, in auto-selection order; NULL-terminated. */
+const struct tfab_provider_ops *const *tfab__providers(void);
+
+/* A backend by name, or NULL when it is not built in. */
+const struct tfab_provider_ops *tfab__provider_find(const char *name);
+
+/* Names of every backend this code knows, built in or not (for messages). */
+extern const char *const tfab__provider_known[];
+
+/*
+ * Resolve TFAB_PROVIDER (cfg->provider) to a backend and fabric name. On failure returns
+ * -TFAB_ERR_NO_FABRIC or -TFAB_ERR_CONFIG with a message in errbuf that names the choices
+ * available on this machine.
+ */
+int tfab__provider_select(const struct tfab_config *cfg, const struct tfab_provider_ops **ops_p,
+			  char *fabric, size_t fabric_len, char *errbuf, size_t errlen);
+
+/* Select and open in one step. */
+int tfab__provider_open(const struct tfab_config *cfg, bool local_only,
+			const struct tfab_provider_ops **ops_p, struct tfab_ep **ep_p, char *errbuf,
+			size_t errlen);
+
+#endif

@@ -1,0 +1,153 @@
+/*
+ * tfab-info: the version, the backends built in, the fabrics usable on this machine with their
+ * capabilities, the backend TFAB_PROVIDER selects, and every setting with its default, current
+ * value and help. --json prints the same as one object.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tfab/tfab.h>
+
+#include "json.h"
+#include "providers/provider.h"
+#include "util/config.h"
+
+struct fabric_list {
+	struct tfab_fabric_desc d[64];
+	int n;
+};
+
+static void collect(void *arg, const struct tfab_fabric_desc *d)
+{
+	struct fabric_list *fl = arg;
+
+	if (fl->n < (int)(sizeof(fl->d) / sizeof(fl->d[0])))
+		fl->d[fl->n++] = *d;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: tfab-info [--json]\n"
+		   "Prints the version, backends, usable fabrics and settings of tfab.\n");
+}
+
+int main(int argc, char **argv)
+{
+	const struct tfab_provider_ops *const *provs = tfab__providers();
+	const struct tfab_provider_ops *sel = NULL;
+	struct fabric_list fl = {.n = 0};
+	char cfgerr[256] = "", selerr[768] = "", fabric[64] = "";
+	struct tfab_config cfg;
+	size_t nset;
+	const struct tfab_config_entry *table = tfab__config_table(&nset);
+	int json = 0, cfg_rc, sel_rc;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--json") == 0) {
+			json = 1;
+		} else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+			usage(stdout);
+			return 0;
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+
+	cfg_rc = tfab__config_init(&cfg, cfgerr, sizeof(cfgerr));
+	tfab_log_set_level((enum tfab_log_level)cfg.log_level);
+	for (size_t i = 0; provs[i]; i++)
+		provs[i]->probe(&cfg, NULL, collect, &fl);
+	sel_rc = tfab__provider_select(&cfg, &sel, fabric, sizeof(fabric), selerr, sizeof(selerr));
+
+	if (json) {
+		printf("{\"version\":");
+		json_str(stdout, tfab_version());
+		printf(",\"backends\":[");
+		for (size_t i = 0; tfab__provider_known[i]; i++) {
+			const char *name = tfab__provider_known[i];
+
+			printf("%s{\"name\":", i ? "," : "");
+			json_str(stdout, name);
+			printf(",\"built\":%s}", tfab__provider_find(name) ? "true" : "false");
+		}
+		printf("],\"fabrics\":[");
+		for (int i = 0; i < fl.n; i++) {
+			printf("%s{\"backend\":", i ? "," : "");
+			json_str(stdout, fl.d[i].backend);
+			printf(",\"fabric\":");
+			json_str(stdout, fl.d[i].fabric);
+			printf(",\"domain\":");
+			json_str(stdout, fl.d[i].domain);
+			printf(",\"caps\":");
+			json_str(stdout, fl.d[i].detail);
+			printf("}");
+		}
+		printf("],\"selected\":");
+		if (sel_rc == 0) {
+			printf("{\"backend\":");
+			json_str(stdout, sel->name);
+			printf(",\"fabric\":");
+			json_str(stdout, fabric[0] ? fabric : NULL);
+			printf("}");
+		} else {
+			printf("null,\"error\":");
+			json_str(stdout, selerr);
+		}
+		printf(",\"settings\":[");
+		for (size_t i = 0; i < nset; i++) {
+			char cur[128];
+
+			tfab__config_format(&cfg, &table[i], cur, sizeof(cur));
+			printf("%s{\"name\":", i ? "," : "");
+			json_str(stdout, table[i].name);
+			printf(",\"default\":");
+			json_str(stdout, table[i].dflt);
+			printf(",\"value\":");
+			json_str(stdout, cur);
+			printf(",\"set\":%s,\"help\":", getenv(table[i].name) ? "true" : "false");
+			json_str(stdout, table[i].help);
+			printf("}");
+		}
+		printf("]}\n");
+	} else {
+		printf("tfab %s\n\nBackends:\n", tfab_version());
+		for (size_t i = 0; tfab__provider_known[i]; i++) {
+			const char *name = tfab__provider_known[i];
+			int devices = 0;
+
+			for (int j = 0; j < fl.n; j++)
+				devices += strcmp(fl.d[j].backend, name) == 0;
+			printf("  %-6s %s\n", name,
+			       !tfab__provider_find(name) ? "not built in"
+			       : devices		  ? "built in"
+							  : "built in, no usable device");
+		}
+		printf("\nUsable fabrics:\n");
+		if (!fl.n)
+			printf("  none\n");
+		for (int i = 0; i < fl.n; i++)
+			printf("  %-6s %-14s %-10s %s\n", fl.d[i].backend, fl.d[i].fabric,
+			       fl.d[i].domain, fl.d[i].detail);
+		printf("\nSelected: ");
+		if (sel_rc == 0)
+			printf("%s%s%s\n", sel->name, fabric[0] ? ":" : "", fabric);
+		else
+			printf("none\n");
+		printf("\nSettings:\n");
+		for (size_t i = 0; i < nset; i++) {
+			char cur[128];
+
+			tfab__config_format(&cfg, &table[i], cur, sizeof(cur));
+			printf("  %s=%s%s (default \"%s\")\n      %s\n", table[i].name, cur,
+			       getenv(table[i].name) ? " [set]" : "", table[i].dflt,
+			       table[i].help);
+		}
+	}
+	if (cfg_rc)
+		fprintf(stderr, "tfab-info: %s\n", cfgerr);
+	if (sel_rc)
+		fprintf(stderr, "tfab-info: %s\n", selerr);
+	return (cfg_rc || sel_rc) ? 1 : 0;
+}
