@@ -48,18 +48,24 @@ int tfab__log_level_parse(const char *text, enum tfab_log_level *level_p)
 	return 0;
 }
 
-int tfab__log_level_init(void)
+static enum tfab_log_level env_level(void)
 {
 	enum tfab_log_level level = TFAB_LOG_WARN;
 	const char *env = getenv("TFAB_LOG_LEVEL");
-	int expected = -1;
 
 	if (env && *env && tfab__log_level_parse(env, &level) != 0) {
 		fprintf(stderr, "tfab: TFAB_LOG_LEVEL=%s is not a level, using warn\n", env);
 		level = TFAB_LOG_WARN;
 	}
+	return level;
+}
+
+int tfab__log_level_init(void)
+{
+	int expected = -1;
+
 	/* Whoever set the level first wins, so a tfab_log_set_level() is never undone. */
-	atomic_compare_exchange_strong(&tfab__log_level_cur, &expected, (int)level);
+	atomic_compare_exchange_strong(&tfab__log_level_cur, &expected, (int)env_level());
 	return atomic_load(&tfab__log_level_cur);
 }
 
@@ -67,8 +73,9 @@ enum tfab_log_level tfab_log_set_level(enum tfab_log_level level)
 {
 	int old = atomic_exchange(&tfab__log_level_cur, (int)level);
 
+	/* Not read yet: the previous level is the one the environment would have given. */
 	if (old < 0)
-		old = TFAB_LOG_WARN;
+		old = (int)env_level();
 	return (enum tfab_log_level)old;
 }
 

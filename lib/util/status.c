@@ -17,14 +17,15 @@ static const char *const own_codes[TFAB_ERR_LAST - TFAB_ERR_FIRST] = {
 
 const char *tfab_strerror(int status)
 {
-	if (status < 0)
-		status = -status;
-	if (status == 0)
+	/* Negate in unsigned: -INT_MIN would overflow. */
+	unsigned code = status < 0 ? 0u - (unsigned)status : (unsigned)status;
+
+	if (code == 0)
 		return "Success";
-	if (status >= TFAB_ERR_FIRST && status < TFAB_ERR_LAST)
-		return own_codes[status - TFAB_ERR_FIRST];
-	if (status < TFAB_ERR_FIRST)
+	if (code >= TFAB_ERR_FIRST && code < TFAB_ERR_LAST)
+		return own_codes[code - TFAB_ERR_FIRST];
+	if (code < TFAB_ERR_FIRST)
 		/* glibc's strerror returns static text for every known errno. */
-		return strerror(status);
+		return strerror((int)code);
 	return "Unknown status";
 }

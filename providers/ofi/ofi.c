@@ -87,17 +87,10 @@ static int ofi_err(int fi_rc)
 	}
 }
 
-/* A completion error's fi errno as a tfab status. */
-static int ofi_cq_status(int err)
+/* A peer-lost errno (a post to a dead peer, or its completion), else 0. */
+static int ofi_peer_lost(int err)
 {
 	switch (err) {
-	case FI_EACCES:
-	case FI_EPERM:
-	case FI_ENOKEY:
-	case FI_EFAULT:
-	case FI_EINVAL:
-	case ERANGE:
-		return -TFAB_ERR_REMOTE_ACCESS;
 	case FI_ECONNRESET:
 	case FI_ECONNREFUSED:
 	case FI_ECONNABORTED:
@@ -108,6 +101,24 @@ static int ofi_cq_status(int err)
 	case EPIPE:
 	case ESRCH:
 		return -TFAB_ERR_PEER_FAILED;
+	default:
+		return 0;
+	}
+}
+
+/* A completion error's fi errno as a tfab status. */
+static int ofi_cq_status(int err)
+{
+	if (ofi_peer_lost(err))
+		return ofi_peer_lost(err);
+	switch (err) {
+	case FI_EACCES:
+	case FI_EPERM:
+	case FI_ENOKEY:
+	case FI_EFAULT:
+	case FI_EINVAL:
+	case ERANGE:
+		return -TFAB_ERR_REMOTE_ACCESS;
 	case FI_ECANCELED:
 		return -ECANCELED;
 	default:
@@ -590,6 +601,9 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_peer *peer, const 
 		if (rc == -FI_EAGAIN)
 			return -EAGAIN;
 		TFAB_ERROR(SUBSYS, "fi_writedata(%zu bytes): %s", len, fi_strerror((int)-rc));
+		/* sockets refuses posts to a peer whose connection is gone with -FI_ENOENT. */
+		if (rc == -FI_ENOENT || ofi_peer_lost((int)-rc))
+			return -TFAB_ERR_PEER_FAILED;
 		return ofi_err((int)rc);
 	}
 	return 0;

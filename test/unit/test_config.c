@@ -1,0 +1,354 @@
+/*
+ * Unit tests for the configuration table: defaults, TFAB_* environment overrides, rejection of
+ * bad values (reported by name, field left at its default), and the public settings API.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tfab/config.h>
+#include <tfab/log.h>
+#include <tfab/status.h>
+
+#include "util/config.h"
+
+/* No TFAB_* setting in the environment, before and after every test. */
+static int clean_env(void **state)
+{
+	const struct tfab_config_entry *table;
+	size_t n;
+
+	(void)state;
+	table = tfab__config_table(&n);
+	for (size_t i = 0; i < n; i++)
+		unsetenv(table[i].name);
+	return 0;
+}
+
+static void assert_field_is(const struct tfab_config *cfg, const char *name, const char *want)
+{
+	const struct tfab_config_entry *e = tfab__config_find(name);
+	char buf[128];
+
+	assert_non_null(e);
+	tfab__config_format(cfg, e, buf, sizeof(buf));
+	assert_string_equal(buf, want);
+}
+
+static void test_defaults(void **state)
+{
+	const struct tfab_config_entry *table;
+	struct tfab_config cfg;
+	char err[128] = "untouched";
+	size_t n;
+
+	(void)state;
+	table = tfab__config_table(&n);
+	assert_true(n > 0);
+	memset(&cfg, 0xa5, sizeof(cfg));
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_string_equal(err, "untouched");
+	for (size_t i = 0; i < n; i++) {
+		char buf[128];
+
+		assert_non_null(table[i].name);
+		assert_non_null(table[i].dflt);
+		assert_non_null(table[i].help);
+		assert_non_null(table[i].parser);
+		assert_int_equal(strncmp(table[i].name, "TFAB_", 5), 0);
+		tfab__config_format(&cfg, &table[i], buf, sizeof(buf));
+		assert_string_equal(buf, table[i].dflt);
+	}
+	/* The typed fields too, not just their text. */
+	assert_string_equal(cfg.provider, "auto");
+	assert_int_equal(cfg.log_level, TFAB_LOG_WARN);
+	assert_int_equal(cfg.connect_timeout_ms, 10000);
+	assert_string_equal(cfg.ofi_domain, "");
+	assert_int_equal(cfg.ofi_cq_size, 4096);
+	assert_int_equal(cfg.ofi_rx_depth, 512);
+	assert_int_equal(cfg.ofi_poll_batch, 32);
+}
+
+/* Every default goes through its own parser, one row at a time. */
+static void test_defaults_parse_each(void **state)
+{
+	const struct tfab_config_entry *table;
+	size_t n;
+
+	(void)state;
+	table = tfab__config_table(&n);
+	for (size_t i = 0; i < n; i++) {
+		struct tfab_config cfg = {0};
+		char err[128] = "";
+
+		assert_int_equal(tfab__config_set(&cfg, table[i].name, table[i].dflt, err,
+						  sizeof(err)),
+				 0);
+		assert_ptr_equal(tfab__config_find(table[i].name), &table[i]);
+	}
+}
+
+static void test_names_unique(void **state)
+{
+	const struct tfab_config_entry *table;
+	size_t n;
+
+	(void)state;
+	table = tfab__config_table(&n);
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = i + 1; j < n; j++)
+			assert_string_not_equal(table[i].name, table[j].name);
+	assert_null(tfab__config_find("TFAB_NO_SUCH_SETTING"));
+}
+
+static void test_env_overrides(void **state)
+{
+	struct tfab_config cfg;
+	char err[128] = "";
+
+	(void)state;
+	setenv("TFAB_OFI_CQ_SIZE", "8K", 1);
+	setenv("TFAB_PROVIDER", "ofi:tcp", 1);
+	setenv("TFAB_LOG_LEVEL", "debug", 1);
+	setenv("TFAB_CONNECT_TIMEOUT_MS", "250", 1);
+	setenv("TFAB_OFI_RX_DEPTH", "0x100", 1);
+	setenv("TFAB_OFI_DOMAIN", "lo", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_string_equal(err, "");
+	assert_int_equal(cfg.ofi_cq_size, 8192);
+	assert_string_equal(cfg.provider, "ofi:tcp");
+	assert_int_equal(cfg.log_level, TFAB_LOG_DEBUG);
+	assert_int_equal(cfg.connect_timeout_ms, 250);
+	assert_int_equal(cfg.ofi_rx_depth, 256);
+	assert_string_equal(cfg.ofi_domain, "lo");
+	/* Untouched by the environment. */
+	assert_int_equal(cfg.ofi_poll_batch, 32);
+	assert_field_is(&cfg, "TFAB_OFI_CQ_SIZE", "8192");
+	assert_field_is(&cfg, "TFAB_LOG_LEVEL", "debug");
+}
+
+static void test_suffixes(void **state)
+{
+	struct tfab_config cfg = {0};
+
+	(void)state;
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "1M", NULL, 0), 0);
+	assert_int_equal(cfg.ofi_cq_size, 1u << 20);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "16k", NULL, 0), 0);
+	assert_int_equal(cfg.ofi_cq_size, 16u << 10);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "16", NULL, 0), 0);
+	assert_int_equal(cfg.ofi_cq_size, 16);
+	/* Above the maximum once multiplied. */
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "2M", NULL, 0),
+			 -TFAB_ERR_CONFIG);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "1G", NULL, 0),
+			 -TFAB_ERR_CONFIG);
+	/* Big enough to overflow when multiplied. */
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "18446744073709551615K",
+					  NULL, 0),
+			 -TFAB_ERR_CONFIG);
+	assert_int_equal(cfg.ofi_cq_size, 16);
+}
+
+static void test_env_invalid(void **state)
+{
+	static const char *const bad[] = {"abc", "-1", "0", "15", "99999999999", "", "8Q",
+					  "8KK", "1048577"};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct tfab_config cfg;
+		char err[256] = "";
+
+		setenv("TFAB_OFI_CQ_SIZE", bad[i], 1);
+		/* A good setting beside the bad one still applies. */
+		setenv("TFAB_PROVIDER", "ofi:tcp", 1);
+		assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), -TFAB_ERR_CONFIG);
+		assert_non_null(strstr(err, "TFAB_OFI_CQ_SIZE"));
+		assert_int_equal(cfg.ofi_cq_size, 4096);
+		assert_string_equal(cfg.provider, "ofi:tcp");
+	}
+}
+
+static void test_first_error_reported(void **state)
+{
+	struct tfab_config cfg;
+	char err[256] = "";
+
+	(void)state;
+	/* Table order: TFAB_LOG_LEVEL comes before TFAB_OFI_POLL_BATCH. */
+	setenv("TFAB_OFI_POLL_BATCH", "0", 1);
+	setenv("TFAB_LOG_LEVEL", "loud", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_LOG_LEVEL"));
+	assert_null(strstr(err, "TFAB_OFI_POLL_BATCH"));
+	assert_int_equal(cfg.log_level, TFAB_LOG_WARN);
+	assert_int_equal(cfg.ofi_poll_batch, 32);
+}
+
+static void test_errbuf_optional_and_bounded(void **state)
+{
+	struct tfab_config cfg;
+	char err[8];
+
+	(void)state;
+	setenv("TFAB_OFI_CQ_SIZE", "abc", 1);
+	assert_int_equal(tfab__config_init(&cfg, NULL, 0), -TFAB_ERR_CONFIG);
+	assert_int_equal(cfg.ofi_cq_size, 4096);
+
+	memset(err, 'x', sizeof(err));
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_int_equal(strlen(err), sizeof(err) - 1);
+	assert_memory_equal(err, "TFAB_OF", sizeof(err));
+}
+
+static void test_set_unknown(void **state)
+{
+	struct tfab_config cfg = {0};
+	char err[128] = "";
+
+	(void)state;
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_NO_SUCH", "1", err, sizeof(err)), -ENOENT);
+	assert_non_null(strstr(err, "TFAB_NO_SUCH"));
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_NO_SUCH", "1", NULL, 0), -ENOENT);
+}
+
+static void test_set_invalid_keeps_field(void **state)
+{
+	struct tfab_config cfg = {0};
+	char err[128] = "";
+
+	(void)state;
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_RX_DEPTH", "64", NULL, 0), 0);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_RX_DEPTH", "65537", err, sizeof(err)),
+			 -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_OFI_RX_DEPTH"));
+	assert_int_equal(cfg.ofi_rx_depth, 64);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_LOG_LEVEL", "7", err, sizeof(err)),
+			 -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_LOG_LEVEL"));
+}
+
+static void test_string_too_long(void **state)
+{
+	struct tfab_config cfg = {0};
+	char fits[sizeof(cfg.provider)];
+	char too_long[sizeof(cfg.provider) + 1];
+	char err[256] = "";
+
+	(void)state;
+	memset(fits, 'p', sizeof(fits) - 1);
+	fits[sizeof(fits) - 1] = '\0';
+	memset(too_long, 'q', sizeof(too_long) - 1);
+	too_long[sizeof(too_long) - 1] = '\0';
+
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_PROVIDER", fits, NULL, 0), 0);
+	assert_string_equal(cfg.provider, fits);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_PROVIDER", too_long, err, sizeof(err)),
+			 -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_PROVIDER"));
+	/* The field keeps its previous value, terminated. */
+	assert_string_equal(cfg.provider, fits);
+
+	/* From the environment, the field falls back to its default. */
+	setenv("TFAB_OFI_DOMAIN", too_long, 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_OFI_DOMAIN"));
+	assert_string_equal(cfg.ofi_domain, "");
+}
+
+static void test_public_settings(void **state)
+{
+	const struct tfab_config_entry *table;
+	struct tfab_setting_info info;
+	size_t n, count = tfab_setting_count();
+
+	(void)state;
+	table = tfab__config_table(&n);
+	assert_int_equal(count, n);
+	for (size_t i = 0; i < count; i++) {
+		memset(&info, 0, sizeof(info));
+		assert_int_equal(tfab_setting_get(i, &info), 0);
+		assert_string_equal(info.name, table[i].name);
+		assert_string_equal(info.dflt, table[i].dflt);
+		assert_non_null(info.help);
+		assert_true(strlen(info.help) > 0);
+		assert_null(info.value);
+	}
+
+	/* A bad index leaves the output alone. */
+	info.name = "sentinel";
+	assert_int_equal(tfab_setting_get(count, &info), -EINVAL);
+	assert_int_equal(tfab_setting_get(SIZE_MAX, &info), -EINVAL);
+	assert_string_equal(info.name, "sentinel");
+}
+
+static void test_public_value_reflects_env(void **state)
+{
+	struct tfab_setting_info info;
+	size_t i, count = tfab_setting_count();
+
+	(void)state;
+	for (i = 0; i < count; i++) {
+		assert_int_equal(tfab_setting_get(i, &info), 0);
+		if (strcmp(info.name, "TFAB_OFI_CQ_SIZE") == 0)
+			break;
+	}
+	assert_true(i < count);
+	assert_null(info.value);
+	setenv("TFAB_OFI_CQ_SIZE", "8K", 1);
+	assert_int_equal(tfab_setting_get(i, &info), 0);
+	assert_non_null(info.value);
+	assert_string_equal(info.value, "8K");
+	unsetenv("TFAB_OFI_CQ_SIZE");
+	assert_int_equal(tfab_setting_get(i, &info), 0);
+	assert_null(info.value);
+}
+
+static void test_settings_check(void **state)
+{
+	char err[256] = "untouched";
+
+	(void)state;
+	assert_int_equal(tfab_settings_check(err, sizeof(err)), 0);
+	assert_string_equal(err, "untouched");
+	assert_int_equal(tfab_settings_check(NULL, 0), 0);
+
+	setenv("TFAB_CONNECT_TIMEOUT_MS", "soon", 1);
+	assert_int_equal(tfab_settings_check(err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_CONNECT_TIMEOUT_MS"));
+	assert_int_equal(tfab_settings_check(NULL, 0), -TFAB_ERR_CONFIG);
+
+	setenv("TFAB_CONNECT_TIMEOUT_MS", "500", 1);
+	assert_int_equal(tfab_settings_check(err, sizeof(err)), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_defaults, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_defaults_parse_each, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_names_unique, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_suffixes, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_env_invalid, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_first_error_reported, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_errbuf_optional_and_bounded, clean_env,
+						clean_env),
+		cmocka_unit_test_setup_teardown(test_set_unknown, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_set_invalid_keeps_field, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_string_too_long, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_public_settings, clean_env, clean_env),
+		cmocka_unit_test_setup_teardown(test_public_value_reflects_env, clean_env,
+						clean_env),
+		cmocka_unit_test_setup_teardown(test_settings_check, clean_env, clean_env),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
