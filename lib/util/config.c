@@ -26,14 +26,11 @@ static void format_string(const void *field, char *buf, size_t len)
 	snprintf(buf, len, "%s", (const char *)field);
 }
 
-/* An unsigned number with an optional K, M or G (binary) suffix. */
-static int parse_uint(const char *text, void *field, size_t size, unsigned long min,
-		      unsigned long max)
+int tfab__parse_size(const char *text, uint64_t *value_p)
 {
 	unsigned long long v, mult = 1;
 	char *end;
 
-	(void)size;
 	if (*text == '-' || *text == '\0')
 		return -EINVAL;
 	errno = 0;
@@ -61,7 +58,20 @@ static int parse_uint(const char *text, void *field, size_t size, unsigned long 
 		return -EINVAL;
 	if (v > ~0ull / mult)
 		return -ERANGE;
-	v *= mult;
+	*value_p = v * mult;
+	return 0;
+}
+
+static int parse_uint(const char *text, void *field, size_t size, unsigned long min,
+		      unsigned long max)
+{
+	uint64_t v;
+	int rc;
+
+	(void)size;
+	rc = tfab__parse_size(text, &v);
+	if (rc)
+		return rc;
 	if (v < min || v > max)
 		return -ERANGE;
 	*(unsigned *)field = (unsigned)v;

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct tfab_config {
 	char provider[64];           /* TFAB_PROVIDER */
@@ -35,6 +36,12 @@ struct tfab_config_entry {
 	const struct tfab_config_parser *parser;
 	unsigned long min, max; /* bounds for numbers */
 };
+
+/*
+ * An unsigned number with an optional binary suffix: "64", "4K", "1M", "2G", "0x100".
+ * Returns 0, -EINVAL or -ERANGE.
+ */
+int tfab__parse_size(const char *text, uint64_t *value_p);
 
 /* The table and its length. */
 const struct tfab_config_entry *tfab__config_table(size_t *count_p);

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The command-line tools: exit codes and messages for good and bad input.
+# usage: cli.sh BUILD_DIR
+set -u
+bin=$1/tools
+fails=0
+check() { # name, condition...
+	local name=$1
+	shift
+	if "$@"; then echo "ok - $name"; else echo "not ok - $name"; fails=$((fails + 1)); fi
+}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+"$bin/tfab-info" >"$out/info" 2>"$out/err"
+check "tfab-info exits 0" [ $? = 0 ]
+check "tfab-info lists the ofi backend" grep -q '^  ofi ' "$out/info"
+check "tfab-info lists every setting" grep -q 'TFAB_OFI_CQ_SIZE=4096' "$out/info"
+
+"$bin/tfab-info" --json >"$out/json"
+check "tfab-info --json is JSON with settings" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["version"] and d["settings"] and any(b["name"] == "ofi" for b in d["backends"])
+' "$out/json"
+
+TFAB_PROVIDER=nonsense "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "TFAB_PROVIDER=nonsense tfab-info fails" [ $? != 0 ]
+check "... naming the choices" grep -q 'Choices: auto, verbs, ofi' "$out/err"
+check "... and what is usable here" grep -q 'usable on this machine: .*ofi:' "$out/err"
+
+TFAB_OFI_CQ_SIZE=abc "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "a bad setting fails tfab-info" [ $? != 0 ]
+check "... naming the variable" grep -q 'TFAB_OFI_CQ_SIZE=abc' "$out/err"
+
+if ! "$bin/tfab-info" | grep -q '^  verbs  built in$'; then
+	TFAB_PROVIDER=verbs timeout 60 "$bin/tfab-perf" raw -s 8 -n 4 >/dev/null 2>"$out/err"
+	check "TFAB_PROVIDER=verbs tfab-perf raw fails without a device" [ $? != 0 ]
+	check "... naming the choices" grep -q 'usable on this machine: .*ofi:' "$out/err"
+fi
+
+"$bin/tfab-perf" --sizes 1X >/dev/null 2>&1
+check "tfab-perf rejects a bad size" [ $? = 2 ]
+"$bin/tfab-perf" nosuchtest >/dev/null 2>&1
+check "tfab-perf rejects an unknown test" [ $? = 2 ]
+"$bin/tfab-perf" -p bogus -s 8 -n 2 >/dev/null 2>"$out/err"
+check "tfab-perf -p bogus fails cleanly" [ $? = 1 ]
+
+echo "1..$(grep -c '^check ' "$0" 2>/dev/null || echo 0)" >/dev/null
+[ $fails = 0 ]

@@ -1,0 +1,69 @@
+/*
+ * tfab-perf internals shared by its tests: the connected pair (one endpoint, one peer, a
+ * registered source and target on each side), options, and result reporting.
+ */
+#ifndef TFAB_TOOLS_PERF_H
+#define TFAB_TOOLS_PERF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "providers/provider.h"
+#include "util/config.h"
+
+#define PERF_MAX_SIZES 32
+
+struct perf_opts {
+	const char *test;        /* "raw" */
+	size_t sizes[PERF_MAX_SIZES];
+	int nsizes;
+	unsigned iters;          /* 0: chosen per size */
+	unsigned window;         /* 0: chosen per size */
+	bool json;
+	bool verify;
+	bool progress;           /* show progress on a terminal */
+	int timeout_ms;          /* bound of every wait */
+	const char *listen_port; /* --listen */
+	const char *connect_to;  /* --connect */
+};
+
+/* One side of a run: the server is the target of bandwidth writes, the client reports. */
+struct perf_pair {
+	const struct tfab_provider_ops *ops;
+	struct tfab_config cfg;
+	struct tfab_ep *ep;
+	const struct tfab_caps *caps;
+	struct tfab_peer *peer;
+	bool client;
+	int sock;                 /* bootstrap connection, kept for the run */
+	size_t buf_len;
+	uint8_t *src, *dst;       /* page-aligned, buf_len each */
+	struct tfab_mr *smr, *dmr;
+	uint64_t remote_raddr, remote_rkey; /* the peer's dst */
+	/*
+	 * A control immediate from the peer not yet consumed. It lives with the pair, not with
+	 * one phase: the peer's next READY or DONE may land while this side still drains.
+	 */
+	uint32_t ctrl;
+};
+
+struct perf_result {
+	size_t bytes;
+	unsigned iters, window;
+	double gbps;   /* gigabits per second */
+	double lat_us; /* one-way: half a round trip */
+	bool verified;
+};
+
+/* Runs the raw test over a connected pair; the client fills res. Returns 0 or a status. */
+int perf_raw_run(struct perf_pair *p, const struct perf_opts *o, size_t size,
+		 struct perf_result *res);
+
+/* The end of a run, after the last size: both sides call it. */
+int perf_raw_finish(struct perf_pair *p, const struct perf_opts *o);
+
+/* Iterations for a size when --iters is not given. */
+unsigned perf_default_iters(size_t size);
+
+#endif

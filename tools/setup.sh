@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs tfab's build and test dependencies from Debian 12 packages, builds into build/, and
+# runs the main job: tfab-perf raw between two local processes over the default fabric.
+#   tools/setup.sh              everything
+#   tools/setup.sh --deps-only  just the packages (CI uses this)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+	build-essential meson ninja-build pkg-config python3
+	libfabric-dev libfabric-bin
+	libibverbs-dev ibverbs-providers rdma-core
+	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler
+	libcmocka-dev valgrind
+)
+
+sudo=
+if [ "$(id -u)" != 0 ]; then
+	sudo=sudo
+fi
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "setup: installing ${missing[*]}"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+		"${missing[@]}" >/dev/null
+fi
+[ "${1:-}" = "--deps-only" ] && exit 0
+
+[ -d build ] || meson setup build
+ninja -C build
+echo
+build/tools/tfab-info | sed -n '/^Selected/p'
+build/tools/tfab-perf raw

@@ -1,0 +1,501 @@
+/*
+ * tfab-perf: transfer benchmarks between two processes. By default it forks a local pair
+ * (over a socketpair for the bootstrap); --listen PORT and --connect HOST:PORT run the two
+ * sides on two machines. The client drives: it sends the plan (test, sizes, iterations,
+ * window) to the server, and prints one row (or one JSON object) per size.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <tfab/tfab.h>
+
+#include "json.h"
+#include "perf.h"
+#include "util/config.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+#define PLAN_MAGIC 0x74666270u /* "tfbp" */
+#define HELLO_MAGIC 0x74666268u
+#define MSG_MAX 4096
+
+/* Little-endian encoding for the bootstrap messages. */
+struct wire {
+	uint8_t buf[MSG_MAX];
+	size_t len, pos;
+	bool bad;
+};
+
+static void put(struct wire *w, uint64_t v, int bytes)
+{
+	if (w->len + (size_t)bytes > sizeof(w->buf)) {
+		w->bad = true;
+		return;
+	}
+	for (int i = 0; i < bytes; i++)
+		w->buf[w->len++] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get(struct wire *w, int bytes)
+{
+	uint64_t v = 0;
+
+	if (w->pos + (size_t)bytes > w->len) {
+		w->bad = true;
+		return 0;
+	}
+	for (int i = 0; i < bytes; i++)
+		v |= (uint64_t)w->buf[w->pos++] << (8 * i);
+	return v;
+}
+
+static int send_wire(int fd, struct wire *w, int timeout_ms)
+{
+	return w->bad ? -EMSGSIZE : tfab__sock_send_msg(fd, w->buf, (uint32_t)w->len, timeout_ms);
+}
+
+static int recv_wire(int fd, struct wire *w, int timeout_ms)
+{
+	uint32_t len = 0;
+	int rc = tfab__sock_recv_msg(fd, w->buf, sizeof(w->buf), &len, timeout_ms);
+
+	w->len = len;
+	w->pos = 0;
+	w->bad = false;
+	return rc;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: tfab-perf [raw] [options]\n"
+		"  Measures write-with-immediate bandwidth and latency between two processes.\n"
+		"  Without --listen/--connect it starts a local pair of processes itself.\n\n"
+		"  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
+		"  -n, --iters N        writes per size (default: about 1 GiB per size)\n"
+		"  -w, --window N       writes in flight for bandwidth (default 16, at most 256 MiB)\n"
+		"  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
+		"      --verify         check the data and every immediate\n"
+		"      --timeout MS     bound of every wait (default 120000)\n"
+		"      --json           one JSON object per size\n"
+		"      --listen PORT    be the server, on this TCP port\n"
+		"      --connect H:P    be the client of a server at host:port\n"
+		"  -h, --help\n\n"
+		"JSON fields: test, backend, fabric, domain, bytes, iters, window, gbps (gigabits per\n"
+		"second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified.\n");
+}
+
+static int parse_sizes(const char *text, struct perf_opts *o)
+{
+	char *copy = strdup(text), *save = NULL, *tok;
+	int rc = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	o->nsizes = 0;
+	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		uint64_t v;
+
+		if (o->nsizes == PERF_MAX_SIZES || tfab__parse_size(tok, &v) || v > (1ull << 34)) {
+			rc = -EINVAL;
+			break;
+		}
+		o->sizes[o->nsizes++] = (size_t)v;
+	}
+	free(copy);
+	return rc || o->nsizes == 0 ? -EINVAL : 0;
+}
+
+static int parse_args(int argc, char **argv, struct perf_opts *o, const char **provider_p)
+{
+	enum { OPT_VERIFY = 256, OPT_TIMEOUT, OPT_JSON, OPT_LISTEN, OPT_CONNECT };
+	static const struct option longopts[] = {
+		{"sizes", required_argument, NULL, 's'},
+		{"iters", required_argument, NULL, 'n'},
+		{"window", required_argument, NULL, 'w'},
+		{"provider", required_argument, NULL, 'p'},
+		{"verify", no_argument, NULL, OPT_VERIFY},
+		{"timeout", required_argument, NULL, OPT_TIMEOUT},
+		{"json", no_argument, NULL, OPT_JSON},
+		{"listen", required_argument, NULL, OPT_LISTEN},
+		{"connect", required_argument, NULL, OPT_CONNECT},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	uint64_t v;
+	int c;
+
+	parse_sizes("8,4K,64K,1M,64M", o);
+	o->test = "raw";
+	o->timeout_ms = 120000;
+	while ((c = getopt_long(argc, argv, "s:n:w:p:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			if (parse_sizes(optarg, o)) {
+				fprintf(stderr, "tfab-perf: bad size list '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'n':
+		case 'w':
+		case OPT_TIMEOUT:
+			if (tfab__parse_size(optarg, &v) || v == 0 || v > 0x7fffffff) {
+				fprintf(stderr, "tfab-perf: bad number '%s'\n", optarg);
+				return 2;
+			}
+			if (c == 'n')
+				o->iters = (unsigned)v;
+			else if (c == 'w')
+				o->window = (unsigned)v;
+			else
+				o->timeout_ms = (int)v;
+			break;
+		case 'p':
+			*provider_p = optarg;
+			break;
+		case OPT_VERIFY:
+			o->verify = true;
+			break;
+		case OPT_JSON:
+			o->json = true;
+			break;
+		case OPT_LISTEN:
+			o->listen_port = optarg;
+			break;
+		case OPT_CONNECT:
+			o->connect_to = optarg;
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		if (strcmp(argv[optind], "raw") != 0) {
+			fprintf(stderr, "tfab-perf: unknown test '%s' (tests: raw)\n", argv[optind]);
+			return 2;
+		}
+		o->test = argv[optind++];
+	}
+	if (optind < argc || (o->listen_port && o->connect_to)) {
+		usage(stderr);
+		return 2;
+	}
+	o->progress = !o->json && isatty(STDERR_FILENO);
+	return 0;
+}
+
+static void send_plan(struct wire *w, const struct perf_opts *o)
+{
+	w->len = 0;
+	w->bad = false;
+	put(w, PLAN_MAGIC, 4);
+	put(w, o->iters, 4);
+	put(w, o->window, 4);
+	put(w, o->verify, 1);
+	put(w, (uint64_t)o->timeout_ms, 4);
+	put(w, (uint64_t)o->nsizes, 4);
+	for (int i = 0; i < o->nsizes; i++)
+		put(w, o->sizes[i], 8);
+}
+
+static int take_plan(struct wire *w, struct perf_opts *o)
+{
+	if (get(w, 4) != PLAN_MAGIC)
+		return -TFAB_ERR_PROTOCOL;
+	o->iters = (unsigned)get(w, 4);
+	o->window = (unsigned)get(w, 4);
+	o->verify = get(w, 1) != 0;
+	o->timeout_ms = (int)get(w, 4);
+	o->nsizes = (int)get(w, 4);
+	if (o->nsizes <= 0 || o->nsizes > PERF_MAX_SIZES)
+		return -TFAB_ERR_PROTOCOL;
+	for (int i = 0; i < o->nsizes; i++)
+		o->sizes[i] = (size_t)get(w, 8);
+	return w->bad ? -TFAB_ERR_PROTOCOL : 0;
+}
+
+static void pair_close(struct perf_pair *p)
+{
+	if (p->ops) {
+		p->ops->disconnect(p->peer);
+		p->ops->mr_dereg(p->smr);
+		p->ops->mr_dereg(p->dmr);
+		p->ops->close(p->ep);
+	}
+	free(p->src);
+	free(p->dst);
+	if (p->sock >= 0)
+		close(p->sock);
+}
+
+/* Open, register and connect to the peer over the bootstrap socket. */
+static int pair_setup(struct perf_pair *p, const struct perf_opts *o, bool local)
+{
+	int tmo = (int)p->cfg.connect_timeout_ms;
+	char err[1024], addr[512];
+	size_t addrlen = sizeof(addr), page = 4096;
+	struct wire w = {.len = 0};
+	uint32_t peer_len;
+	int rc;
+
+	p->buf_len = 1;
+	for (int i = 0; i < o->nsizes; i++)
+		if (o->sizes[i] > p->buf_len)
+			p->buf_len = o->sizes[i];
+	rc = tfab__provider_open(&p->cfg, local, &p->ops, &p->ep, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "tfab-perf: %s\n", err);
+		p->ops = NULL;
+		return rc;
+	}
+	p->caps = p->ops->caps(p->ep);
+	if (posix_memalign((void **)&p->src, page, p->buf_len) ||
+	    posix_memalign((void **)&p->dst, page, p->buf_len))
+		return -ENOMEM;
+	memset(p->src, 0, p->buf_len);
+	memset(p->dst, 0, p->buf_len);
+	rc = p->ops->mr_reg(p->ep, p->src, p->buf_len, TFAB_MR_LOCAL_WRITE, &p->smr);
+	if (rc == 0)
+		rc = p->ops->mr_reg(p->ep, p->dst, p->buf_len, TFAB_MR_REMOTE_WRITE, &p->dmr);
+	if (rc == 0)
+		rc = p->ops->get_addr(p->ep, addr, &addrlen);
+	if (rc) {
+		fprintf(stderr, "tfab-perf: registering %zu bytes: %s\n", p->buf_len,
+			tfab_strerror(rc));
+		return rc;
+	}
+
+	put(&w, HELLO_MAGIC, 4);
+	put(&w, p->dmr->raddr, 8);
+	put(&w, p->dmr->rkey, 8);
+	put(&w, (uint64_t)addrlen, 4);
+	for (size_t i = 0; i < addrlen; i++)
+		put(&w, (uint8_t)addr[i], 1);
+	rc = send_wire(p->sock, &w, tmo);
+	if (rc == 0)
+		rc = recv_wire(p->sock, &w, tmo);
+	if (rc) {
+		fprintf(stderr, "tfab-perf: exchanging addresses: %s\n", tfab_strerror(rc));
+		return rc;
+	}
+	if (get(&w, 4) != HELLO_MAGIC)
+		return -TFAB_ERR_PROTOCOL;
+	p->remote_raddr = get(&w, 8);
+	p->remote_rkey = get(&w, 8);
+	peer_len = (uint32_t)get(&w, 4);
+	if (w.bad || peer_len > sizeof(addr) || w.pos + peer_len > w.len)
+		return -TFAB_ERR_PROTOCOL;
+	rc = p->ops->connect(p->ep, w.buf + w.pos, peer_len, &p->peer);
+	if (rc)
+		fprintf(stderr, "tfab-perf: connecting to the peer: %s\n", tfab_strerror(rc));
+	return rc;
+}
+
+static void print_result(const struct perf_pair *p, const struct perf_opts *o,
+			 const struct perf_result *r)
+{
+	if (o->json) {
+		printf("{\"test\":");
+		json_str(stdout, o->test);
+		printf(",\"backend\":");
+		json_str(stdout, p->caps->backend);
+		printf(",\"fabric\":");
+		json_str(stdout, p->caps->fabric);
+		printf(",\"domain\":");
+		json_str(stdout, p->caps->domain);
+		printf(",\"bytes\":%zu,\"iters\":%u,\"window\":%u,\"gbps\":%.3f,\"GBps\":%.3f,"
+		       "\"lat_us\":%.3f,\"verified\":%s}\n",
+		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->lat_us,
+		       o->verify ? (r->verified ? "true" : "false") : "null");
+	} else {
+		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters, r->window,
+		       r->gbps / 8.0, r->gbps, r->lat_us,
+		       o->verify ? (r->verified ? "yes" : "NO") : "-");
+	}
+	fflush(stdout);
+}
+
+/* Run every size of the plan; the client reports. */
+static int run(struct perf_pair *p, const struct perf_opts *o)
+{
+	int rc = 0, failed = 0;
+
+	if (p->client && !o->json) {
+		printf("tfab-perf %s: %s %s on %s\n", o->test, p->caps->backend, p->caps->fabric,
+		       p->caps->domain);
+		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
+		       "Gb/s", "lat_us", "verified");
+	}
+	for (int i = 0; i < o->nsizes && rc == 0; i++) {
+		struct perf_result r;
+
+		if (p->client && o->progress)
+			fprintf(stderr, "\r  running %zu bytes...", o->sizes[i]);
+		rc = perf_raw_run(p, o, o->sizes[i], &r);
+		if (p->client && o->progress)
+			fprintf(stderr, "\r%40s\r", "");
+		if (rc == 0 && p->client) {
+			print_result(p, o, &r);
+			failed |= o->verify && !r.verified;
+		}
+	}
+	if (rc == 0)
+		rc = perf_raw_finish(p, o);
+	if (rc)
+		fprintf(stderr, "tfab-perf: %s: %s\n", p->client ? "client" : "server",
+			tfab_strerror(rc));
+	return rc ? rc : failed ? -EIO : 0;
+}
+
+static int side_main(struct perf_pair *p, struct perf_opts *o, bool local)
+{
+	struct wire w = {.len = 0};
+	int rc, tmo = (int)p->cfg.connect_timeout_ms;
+
+	if (p->client) {
+		send_plan(&w, o);
+		rc = send_wire(p->sock, &w, tmo);
+	} else {
+		rc = recv_wire(p->sock, &w, tmo);
+		if (rc == 0)
+			rc = take_plan(&w, o);
+	}
+	if (rc) {
+		fprintf(stderr, "tfab-perf: exchanging the plan: %s\n", tfab_strerror(rc));
+		return rc;
+	}
+	rc = pair_setup(p, o, local);
+	if (rc == 0)
+		rc = run(p, o);
+	return rc;
+}
+
+/* Wait for the local server child, at most timeout_ms, then kill it. */
+static int reap(pid_t pid, int timeout_ms)
+{
+	uint64_t deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	int status;
+
+	for (;;) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+
+		if (r == pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		if (r < 0)
+			return -1;
+		if (tfab__now_ms() > deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &status, 0);
+			fprintf(stderr, "tfab-perf: the server process did not exit; killed it\n");
+			return -1;
+		}
+		usleep(10000);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct perf_opts o = {.test = "raw"};
+	struct perf_pair p = {.sock = -1};
+	const char *provider = NULL;
+	char err[512];
+	int rc;
+
+	rc = parse_args(argc, argv, &o, &provider);
+	if (rc)
+		return rc;
+	if (tfab__config_init(&p.cfg, err, sizeof(err))) {
+		fprintf(stderr, "tfab-perf: %s\n", err);
+		return 1;
+	}
+	if (provider && tfab__config_set(&p.cfg, "TFAB_PROVIDER", provider, err, sizeof(err))) {
+		fprintf(stderr, "tfab-perf: %s\n", err);
+		return 2;
+	}
+	tfab_log_set_level((enum tfab_log_level)p.cfg.log_level);
+
+	if (o.listen_port || o.connect_to) {
+		char host[256];
+		uint16_t port;
+		int lfd;
+
+		if (o.listen_port) {
+			if (tfab__sock_parse_hostport(o.listen_port, host, sizeof(host), &port)) {
+				char hp[300];
+
+				snprintf(hp, sizeof(hp), ":%s", o.listen_port);
+				if (tfab__sock_parse_hostport(hp, host, sizeof(host), &port)) {
+					fprintf(stderr, "tfab-perf: bad port '%s'\n", o.listen_port);
+					return 2;
+				}
+			}
+			rc = tfab__sock_listen(host[0] ? host : NULL, port, &lfd, &port);
+			if (rc == 0) {
+				fprintf(stderr, "tfab-perf: listening on port %u\n", port);
+				rc = tfab__sock_accept(lfd, (int)p.cfg.connect_timeout_ms * 30,
+						       &p.sock);
+				close(lfd);
+			}
+		} else {
+			p.client = true;
+			if (tfab__sock_parse_hostport(o.connect_to, host, sizeof(host), &port)) {
+				fprintf(stderr, "tfab-perf: bad address '%s'\n", o.connect_to);
+				return 2;
+			}
+			rc = tfab__sock_connect(host, port, (int)p.cfg.connect_timeout_ms, &p.sock);
+		}
+		if (rc) {
+			fprintf(stderr, "tfab-perf: bootstrap connection: %s\n", tfab_strerror(rc));
+			return 1;
+		}
+		rc = side_main(&p, &o, false);
+		pair_close(&p);
+		return rc ? 1 : 0;
+	}
+
+	/* A local pair: the child serves, the parent drives and reports. */
+	int sv[2];
+	pid_t pid;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+		perror("tfab-perf: socketpair");
+		return 1;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		perror("tfab-perf: fork");
+		return 1;
+	}
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(sv[0]);
+		p.sock = sv[1];
+		rc = side_main(&p, &o, true);
+		pair_close(&p);
+		_exit(rc ? 1 : 0);
+	}
+	close(sv[1]);
+	p.sock = sv[0];
+	p.client = true;
+	rc = side_main(&p, &o, true);
+	pair_close(&p); /* closes the socket: a waiting server sees it and exits */
+	if (reap(pid, rc ? 2000 : o.timeout_ms) != 0 && rc == 0) {
+		fprintf(stderr, "tfab-perf: the server process failed\n");
+		rc = -EIO;
+	}
+	return rc ? 1 : 0;
+}
