@@ -338,6 +338,7 @@ static void test_peer_killed(void **state)
 
 	(void)state;
 	reset_trackers();
+	memset(src, 0x3c, LEN);
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	pid = fork();
 	assert_true(pid >= 0);
