@@ -129,10 +129,11 @@ for p in $providers; do
 done
 echo >&2
 
-python3 - "$results" "$providers" "$sizes" <<'EOF' || failed=1
+python3 - "$results" "$providers" "$sizes" "$reps" <<'EOF' || failed=1
 import json, statistics, sys
 
 path, providers, sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(",")
+reps = int(sys.argv[4])
 runs = {}
 with open(path) as f:
     for line in f:
@@ -165,11 +166,22 @@ for prov in providers:
         rb, tb = med(ref, "gbps"), med(tf, "gbps")
         rb, tb = (rb / 8 if rb is not None else None), (tb / 8 if tb is not None else None)
         rl, tl = med(ref, "lat_us"), med(tf, "lat_us")
-        print(fmt % (prov, n, num(rb, "%.4f"), num(tb, "%.4f"), ratio(tb, rb),
-                     num(rl, "%.3f"), num(tl, "%.3f"), ratio(tl, rl)))
+        row = fmt % (prov, n, num(rb, "%.4f"), num(tb, "%.4f"), ratio(tb, rb),
+                     num(rl, "%.3f"), num(tl, "%.3f"), ratio(tl, rl))
+        if len(ref) != reps or len(tf) != reps:
+            row += "  (runs that finished: ref %d, tfab %d of %d)" % (len(ref), len(tf), reps)
+        print(row)
 print("ratio = tfab/ref bandwidth (1.00 is parity, lower is slower); "
-      "lat ratio = tfab/ref latency (higher is slower); medians of",
-      max((len(v) for v in runs.values()), default=0), "runs")
+      "lat ratio = tfab/ref latency (higher is slower); medians of %d runs" % reps)
+print()
+print("every run, in run order (GB/s @ lat us):")
+for prov in providers:
+    for s in sizes:
+        n = bytes_of(s)
+        for tool in ("ref", "tfab"):
+            rs = runs.get((prov, n, tool), [])
+            print("  %-4s %-5s %9d  %s" % (prov, tool, n, "  ".join(
+                "%.4f@%.3f" % (r["gbps"] / 8, r["lat_us"]) for r in rs)))
 EOF
 
 exit $failed

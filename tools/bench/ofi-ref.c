@@ -93,13 +93,13 @@ struct ref_side {
 	struct fi_context2 **ctx_free;
 	unsigned nctx, ctx_top;
 
-	uint64_t posted, done;  /* signalled writes posted, and their local completions */
-	uint64_t bw_seen;       /* bandwidth writes landed here */
-	int64_t ping_seen;      /* last ping or pong round landed here, -1 before */
-	uint32_t ctrl;          /* last control immediate, 0 when none pending */
+	uint64_t posted, done; /* signalled writes posted, and their local completions */
+	uint64_t bw_seen;      /* bandwidth writes landed here */
+	int64_t ping_seen;     /* last ping or pong round landed here, -1 before */
+	uint32_t ctrl;	       /* last control immediate, 0 when none pending */
 	uint64_t deadline;
 	unsigned polls;
-	bool sock_quiet;        /* nothing may arrive on the socket now */
+	bool sock_quiet; /* nothing may arrive on the socket now */
 	const char *who;
 };
 
@@ -443,8 +443,8 @@ static struct fi_info *pick_info(struct ref_side *s)
 			struct fi_info *prev = fi == s->infos ? NULL : s->infos;
 
 			/* IPv4 and IPv6 variants repeat a domain: name each once. */
-			while (prev && prev != fi && strcmp(prev->domain_attr->name,
-							    fi->domain_attr->name))
+			while (prev && prev != fi &&
+			       strcmp(prev->domain_attr->name, fi->domain_attr->name))
 				prev = prev->next;
 			if (!prev || prev == fi)
 				fprintf(stderr, " %s/%s", fi->fabric_attr->prov_name,
@@ -471,7 +471,7 @@ static int side_open(struct ref_side *s)
 	hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
 	hints->domain_attr->mr_mode =
-		FI_MR_VIRT_ADDR | FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+	    FI_MR_VIRT_ADDR | FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
 	hints->domain_attr->threading = FI_THREAD_DOMAIN;
 	if (s->o->prov)
 		hints->fabric_attr->prov_name = strdup(s->o->prov);
@@ -525,8 +525,8 @@ static int side_open(struct ref_side *s)
 	/* Keys: ours unless FI_MR_PROV_KEY, then fi_mr_key() has the provider's. */
 	if ((rc = fi_mr_reg(s->domain, s->src, s->buf_len, FI_WRITE, 0, 1, 0, &s->smr, NULL)))
 		return fail(s, "fi_mr_reg(src)", rc);
-	if ((rc = fi_mr_reg(s->domain, s->dst, s->buf_len, FI_REMOTE_WRITE, 0, 2, 0, &s->dmr,
-			    NULL)))
+	rc = fi_mr_reg(s->domain, s->dst, s->buf_len, FI_REMOTE_WRITE, 0, 2, 0, &s->dmr, NULL);
+	if (rc)
 		return fail(s, "fi_mr_reg(dst)", rc);
 	s->sdesc = fi_mr_desc(s->smr);
 	me.raddr = s->virt_addr ? (uint64_t)(uintptr_t)s->dst : 0;
@@ -625,25 +625,23 @@ static int reap(pid_t pid)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: ofi-ref [options]\n"
-		"  Plain libfabric write-with-immediate bandwidth and latency, local pair.\n"
-		"  -p NAME      libfabric provider (hints prov_name), e.g. shm, tcp\n"
-		"  -d NAME      domain, e.g. lo (default: lo when present, else the first)\n"
-		"  -s SIZE      bytes per write, K/M/G suffixes (default 8)\n"
-		"  -n ITERS     timed bandwidth writes (default 1000)\n"
-		"  -w WINDOW    writes in flight (default 16)\n"
-		"  -W WARMUP    untimed writes first (default ITERS/10, at least 1)\n"
-		"  -l N         timed ping-pong rounds (default min(ITERS, 1000))\n"
-		"  -t SECONDS   longest wait with no completion (default 60)\n"
-		"  --json       one JSON object\n");
+	fprintf(f, "usage: ofi-ref [options]\n"
+		   "  Plain libfabric write-with-immediate bandwidth and latency, local pair.\n"
+		   "  -p NAME      libfabric provider (hints prov_name), e.g. shm, tcp\n"
+		   "  -d NAME      domain, e.g. lo (default: lo when present, else the first)\n"
+		   "  -s SIZE      bytes per write, K/M/G suffixes (default 8)\n"
+		   "  -n ITERS     timed bandwidth writes (default 1000)\n"
+		   "  -w WINDOW    writes in flight (default 16)\n"
+		   "  -W WARMUP    untimed writes first (default ITERS/10, at least 1)\n"
+		   "  -l N         timed ping-pong rounds (default min(ITERS, 1000))\n"
+		   "  -t SECONDS   longest wait with no completion (default 60)\n"
+		   "  --json       one JSON object\n");
 }
 
 static int parse_args(int argc, char **argv, struct ref_opts *o)
 {
-	static const struct option longs[] = {{"json", no_argument, NULL, 'j'},
-					      {"help", no_argument, NULL, 'h'},
-					      {NULL, 0, NULL, 0}};
+	static const struct option longs[] = {
+	    {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
 	long warmup = -1, lat = -1;
 	uint64_t v;
 	int c;
