@@ -20,12 +20,12 @@ extern const struct tfab_provider_ops tfab_verbs_ops;
 /* Auto-selection order: the fast path first. */
 static const struct tfab_provider_ops *const builtin[] = {
 #ifdef TFAB_HAVE_VERBS
-	&tfab_verbs_ops,
+    &tfab_verbs_ops,
 #endif
 #ifdef TFAB_HAVE_OFI
-	&tfab_ofi_ops,
+    &tfab_ofi_ops,
 #endif
-	NULL,
+    NULL,
 };
 
 const char *const tfab__provider_known[] = {"verbs", "ofi", NULL};
@@ -87,8 +87,8 @@ static void add_choice(void *arg, const struct tfab_fabric_desc *d)
 			return;
 	}
 	if (cl->len < sizeof(cl->text))
-		cl->len += (size_t)snprintf(cl->text + cl->len, sizeof(cl->text) - cl->len,
-					    "%s%s", cl->count ? ", " : "", name);
+		cl->len += (size_t)snprintf(cl->text + cl->len, sizeof(cl->text) - cl->len, "%s%s",
+					    cl->count ? ", " : "", name);
 	cl->count++;
 }
 

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 struct tfab_config;
-struct tfab_ep;   /* an open endpoint: domain, queues, address */
+struct tfab_ep;	  /* an open endpoint: domain, queues, address */
 struct tfab_peer; /* a connected remote endpoint */
 
 /* How a remote address that the target advertises is formed. */
@@ -32,33 +32,33 @@ enum tfab_mr_addr_mode {
 
 /* What an endpoint can do: data, read by the engine after open. */
 struct tfab_caps {
-	const char *backend;        /* "ofi", "verbs" */
-	char fabric[64];            /* "tcp;ofi_rxm", "shm", "rxe0" */
-	char domain[64];            /* "lo", "rxe0" */
-	unsigned imm_bytes;         /* width of the immediate the engine may use (4) */
+	const char *backend; /* "ofi", "verbs" */
+	char fabric[64];     /* "tcp;ofi_rxm", "shm", "rxe0" */
+	char domain[64];     /* "lo", "rxe0" */
+	unsigned imm_bytes;  /* width of the immediate the engine may use (4) */
 	enum tfab_mr_addr_mode mr_addr;
-	unsigned key_bytes;         /* significant bytes of a remote key */
-	uint64_t max_msg_size;      /* longest single write */
-	size_t inject_size;         /* longest write that may use TFAB_WRITE_INJECT */
-	size_t addr_len;            /* bytes of the endpoint blob */
-	bool hmem_cuda;             /* CUDA device memory can be registered */
-	bool manual_progress;       /* data moves only while both sides poll */
-	bool mr_local;              /* local buffers must be registered (always done anyway) */
+	unsigned key_bytes;    /* significant bytes of a remote key */
+	uint64_t max_msg_size; /* longest single write */
+	size_t inject_size;    /* longest write that may use TFAB_WRITE_INJECT */
+	size_t addr_len;       /* bytes of the endpoint blob */
+	bool hmem_cuda;	       /* CUDA device memory can be registered */
+	bool manual_progress;  /* data moves only while both sides poll */
+	bool mr_local;	       /* local buffers must be registered (always done anyway) */
 };
 
 /* A registered memory region. */
 struct tfab_mr {
-	void *addr;        /* start of the region in this process */
+	void *addr; /* start of the region in this process */
 	size_t len;
-	uint64_t rkey;     /* remote key to advertise */
-	uint64_t raddr;    /* remote address of addr to advertise (virtual or offset 0) */
-	void *desc;        /* local descriptor for writes from this region */
-	void *prov;        /* the backend's own handle */
+	uint64_t rkey;	/* remote key to advertise */
+	uint64_t raddr; /* remote address of addr to advertise (virtual or offset 0) */
+	void *desc;	/* local descriptor for writes from this region */
+	void *prov;	/* the backend's own handle */
 };
 
 /* Access a region is registered for. */
 enum {
-	TFAB_MR_LOCAL_WRITE = 1u << 0,  /* source of writes */
+	TFAB_MR_LOCAL_WRITE = 1u << 0,	/* source of writes */
 	TFAB_MR_REMOTE_WRITE = 1u << 1, /* target of peers' writes */
 };
 
@@ -73,24 +73,24 @@ enum {
 
 enum tfab_event_type {
 	TFAB_EV_WRITE_DONE = 1, /* a local write finished; ctx is the caller's */
-	TFAB_EV_REMOTE_WRITE,   /* a peer's write with immediate landed: imm, len */
-	TFAB_EV_ERROR,          /* an operation failed: ctx (may be NULL), status, errmsg */
+	TFAB_EV_REMOTE_WRITE,	/* a peer's write with immediate landed: imm, len */
+	TFAB_EV_ERROR,		/* an operation failed: ctx (may be NULL), status, errmsg */
 };
 
 struct tfab_event {
 	enum tfab_event_type type;
-	int status;         /* 0, or negative for TFAB_EV_ERROR */
-	void *ctx;          /* the write's context */
-	uint32_t imm;       /* REMOTE_WRITE: the immediate */
-	uint64_t len;       /* REMOTE_WRITE: bytes written, where the fabric reports it, else 0 */
+	int status;	    /* 0, or negative for TFAB_EV_ERROR */
+	void *ctx;	    /* the write's context */
+	uint32_t imm;	    /* REMOTE_WRITE: the immediate */
+	uint64_t len;	    /* REMOTE_WRITE: bytes written, where the fabric reports it, else 0 */
 	const char *errmsg; /* ERROR: the fabric's own words; valid until the next poll */
 };
 
 /* Arguments of open. */
 struct tfab_open_args {
 	const struct tfab_config *cfg;
-	const char *fabric;   /* backend-specific fabric name (ofi: "tcp"), NULL for any */
-	bool local_only;      /* prefer the loopback interface: both ends are on this host */
+	const char *fabric; /* backend-specific fabric name (ofi: "tcp"), NULL for any */
+	bool local_only;    /* prefer the loopback interface: both ends are on this host */
 };
 
 /* One usable fabric on this machine, as listed by probe. */
@@ -104,7 +104,7 @@ struct tfab_fabric_desc {
 typedef void (*tfab_probe_cb)(void *arg, const struct tfab_fabric_desc *desc);
 
 struct tfab_provider_ops {
-	size_t size;      /* sizeof(struct tfab_provider_ops), for version checks */
+	size_t size;	  /* sizeof(struct tfab_provider_ops), for version checks */
 	const char *name; /* "ofi", "verbs" */
 
 	/* Report each usable fabric through cb; returns how many, or a negative status. */
@@ -139,8 +139,7 @@ struct tfab_provider_ops {
 };
 
 /* Stubs for operations a backend lacks: each returns -EOPNOTSUPP. */
-int tfab__no_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb,
-		   void *arg);
+int tfab__no_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb, void *arg);
 int tfab__no_open(const struct tfab_open_args *args, struct tfab_ep **ep_p);
 
 /* The backends built in, in auto-selection order; NULL-terminated. */

@@ -15,17 +15,17 @@
 #define PERF_MAX_SIZES 32
 
 struct perf_opts {
-	const char *test;        /* "raw" */
+	const char *test; /* "raw" */
 	size_t sizes[PERF_MAX_SIZES];
 	int nsizes;
-	unsigned iters;          /* 0: chosen per size */
-	unsigned window;         /* 0: chosen per size */
+	unsigned iters;	 /* 0: chosen per size */
+	unsigned window; /* 0: chosen per size */
 	bool json;
 	bool verify;
-	bool progress;           /* show progress on a terminal */
-	int timeout_ms;          /* bound of every wait */
+	bool progress;		 /* show progress on a terminal */
+	int timeout_ms;		 /* bound of every wait */
 	const char *listen_port; /* --listen */
-	const char *connect_to;  /* --connect */
+	const char *connect_to;	 /* --connect */
 };
 
 /* One side of a run: the server is the target of bandwidth writes, the client reports. */
@@ -36,9 +36,9 @@ struct perf_pair {
 	const struct tfab_caps *caps;
 	struct tfab_peer *peer;
 	bool client;
-	int sock;                 /* bootstrap connection, kept for the run */
+	int sock; /* bootstrap connection, kept for the run */
 	size_t buf_len;
-	uint8_t *src, *dst;       /* page-aligned, buf_len each */
+	uint8_t *src, *dst; /* page-aligned, buf_len each */
 	struct tfab_mr *smr, *dmr;
 	uint64_t remote_raddr, remote_rkey; /* the peer's dst */
 	/*

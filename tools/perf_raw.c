@@ -27,12 +27,12 @@
 
 struct raw_state {
 	struct perf_pair *p;
-	uint64_t done;      /* local write completions */
-	uint64_t bw_seen;   /* bandwidth writes landed here */
-	uint8_t *bw_map;    /* --verify: how often each index landed */
-	unsigned iters;     /* timed */
-	unsigned warmup;    /* untimed, before them */
-	int64_t ping_seen;  /* last ping-pong index landed, -1 before */
+	uint64_t done;	   /* local write completions */
+	uint64_t bw_seen;  /* bandwidth writes landed here */
+	uint8_t *bw_map;   /* --verify: how often each index landed */
+	unsigned iters;	   /* timed */
+	unsigned warmup;   /* untimed, before them */
+	int64_t ping_seen; /* last ping-pong index landed, -1 before */
 	int err;
 	uint64_t deadline;
 	unsigned polls;
@@ -219,9 +219,9 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	t0 = 0;
 	while (s->done < total) {
 		while (posted < total && posted - s->done < res->window) {
-			rc = p->ops->write_imm(p->ep, p->peer, p->src, size, p->smr,
-					       p->remote_raddr, p->remote_rkey, (uint32_t)posted,
-					       0, NULL);
+			rc =
+			    p->ops->write_imm(p->ep, p->peer, p->src, size, p->smr, p->remote_raddr,
+					      p->remote_rkey, (uint32_t)posted, 0, NULL);
 			if (rc == -EAGAIN)
 				break;
 			if (rc) {
@@ -316,10 +316,10 @@ int perf_raw_run(struct perf_pair *p, const struct perf_opts *o, size_t size,
 		 struct perf_result *res)
 {
 	struct raw_state s = {
-		.p = p,
-		.iters = o->iters ? o->iters : perf_default_iters(size),
-		.ping_seen = -1,
-		.sock_quiet = true,
+	    .p = p,
+	    .iters = o->iters ? o->iters : perf_default_iters(size),
+	    .ping_seen = -1,
+	    .sock_quiet = true,
 	};
 
 	s.warmup = warmup_of(s.iters);

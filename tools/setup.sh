@@ -11,7 +11,7 @@ packages=(
 	libfabric-dev libfabric-bin
 	libibverbs-dev ibverbs-providers rdma-core
 	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler
-	libcmocka-dev valgrind
+	libcmocka-dev valgrind clang-format
 )
 
 sudo=

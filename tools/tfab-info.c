@@ -141,8 +141,7 @@ int main(int argc, char **argv)
 
 			tfab__config_format(&cfg, &table[i], cur, sizeof(cur));
 			printf("  %s=%s%s (default \"%s\")\n      %s\n", table[i].name, cur,
-			       getenv(table[i].name) ? " [set]" : "", table[i].dflt,
-			       table[i].help);
+			       getenv(table[i].name) ? " [set]" : "", table[i].dflt, table[i].help);
 		}
 	}
 	if (cfg_rc)

@@ -76,22 +76,24 @@ static int recv_wire(int fd, struct wire *w, int timeout_ms)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: tfab-perf [raw] [options]\n"
-		"  Measures write-with-immediate bandwidth and latency between two processes.\n"
-		"  Without --listen/--connect it starts a local pair of processes itself.\n\n"
-		"  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
-		"  -n, --iters N        writes per size (default: about 1 GiB per size)\n"
-		"  -w, --window N       writes in flight for bandwidth (default 16, at most 256 MiB)\n"
-		"  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
-		"      --verify         check the data and every immediate\n"
-		"      --timeout MS     bound of every wait (default 120000)\n"
-		"      --json           one JSON object per size\n"
-		"      --listen PORT    be the server, on this TCP port\n"
-		"      --connect H:P    be the client of a server at host:port\n"
-		"  -h, --help\n\n"
-		"JSON fields: test, backend, fabric, domain, bytes, iters, window, gbps (gigabits per\n"
-		"second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified.\n");
+	fprintf(
+	    f,
+	    "usage: tfab-perf [raw] [options]\n"
+	    "  Measures write-with-immediate bandwidth and latency between two processes.\n"
+	    "  Without --listen/--connect it starts a local pair of processes itself.\n\n"
+	    "  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
+	    "  -n, --iters N        writes per size (default: about 1 GiB per size)\n"
+	    "  -w, --window N       writes in flight for bandwidth (default 16, at most 256 MiB)\n"
+	    "  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
+	    "      --verify         check the data and every immediate\n"
+	    "      --timeout MS     bound of every wait (default 120000)\n"
+	    "      --json           one JSON object per size\n"
+	    "      --listen PORT    be the server, on this TCP port\n"
+	    "      --connect H:P    be the client of a server at host:port\n"
+	    "  -h, --help\n\n"
+	    "JSON fields: test, backend, fabric, domain, bytes, iters, window, gbps (gigabits per\n"
+	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), "
+	    "verified.\n");
 }
 
 static int parse_sizes(const char *text, struct perf_opts *o)
@@ -119,17 +121,17 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 {
 	enum { OPT_VERIFY = 256, OPT_TIMEOUT, OPT_JSON, OPT_LISTEN, OPT_CONNECT };
 	static const struct option longopts[] = {
-		{"sizes", required_argument, NULL, 's'},
-		{"iters", required_argument, NULL, 'n'},
-		{"window", required_argument, NULL, 'w'},
-		{"provider", required_argument, NULL, 'p'},
-		{"verify", no_argument, NULL, OPT_VERIFY},
-		{"timeout", required_argument, NULL, OPT_TIMEOUT},
-		{"json", no_argument, NULL, OPT_JSON},
-		{"listen", required_argument, NULL, OPT_LISTEN},
-		{"connect", required_argument, NULL, OPT_CONNECT},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"sizes", required_argument, NULL, 's'},
+	    {"iters", required_argument, NULL, 'n'},
+	    {"window", required_argument, NULL, 'w'},
+	    {"provider", required_argument, NULL, 'p'},
+	    {"verify", no_argument, NULL, OPT_VERIFY},
+	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+	    {"json", no_argument, NULL, OPT_JSON},
+	    {"listen", required_argument, NULL, OPT_LISTEN},
+	    {"connect", required_argument, NULL, OPT_CONNECT},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	uint64_t v;
 	int c;
@@ -184,7 +186,8 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	}
 	if (optind < argc) {
 		if (strcmp(argv[optind], "raw") != 0) {
-			fprintf(stderr, "tfab-perf: unknown test '%s' (tests: raw)\n", argv[optind]);
+			fprintf(stderr, "tfab-perf: unknown test '%s' (tests: raw)\n",
+				argv[optind]);
 			return 2;
 		}
 		o->test = argv[optind++];
@@ -438,7 +441,8 @@ int main(int argc, char **argv)
 
 				snprintf(hp, sizeof(hp), ":%s", o.listen_port);
 				if (tfab__sock_parse_hostport(hp, host, sizeof(host), &port)) {
-					fprintf(stderr, "tfab-perf: bad port '%s'\n", o.listen_port);
+					fprintf(stderr, "tfab-perf: bad port '%s'\n",
+						o.listen_port);
 					return 2;
 				}
 			}

@@ -110,25 +110,25 @@ static const struct tfab_config_parser parser_level = {"level", parse_level, for
 #define FIELD(f) offsetof(struct tfab_config, f), sizeof(((struct tfab_config *)0)->f)
 
 static const struct tfab_config_entry table[] = {
-	{"TFAB_PROVIDER", "auto",
-	 "Fabric backend: auto (verbs when a device has an active port, else libfabric), verbs, "
-	 "ofi, or ofi:<libfabric provider>",
-	 FIELD(provider), &parser_string, 0, 0},
-	{"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
-	 FIELD(log_level), &parser_level, 0, 0},
-	{"TFAB_CONNECT_TIMEOUT_MS", "10000",
-	 "Longest wait for a peer while connecting or bootstrapping, in milliseconds",
-	 FIELD(connect_timeout_ms), &parser_uint, 1, 3600000},
-	{"TFAB_OFI_DOMAIN", "",
-	 "libfabric domain (interface) to open, such as lo or eth0; empty takes libfabric's first",
-	 FIELD(ofi_domain), &parser_string, 0, 0},
-	{"TFAB_OFI_CQ_SIZE", "4096", "libfabric completion queue depth, in entries",
-	 FIELD(ofi_cq_size), &parser_uint, 16, 1u << 20},
-	{"TFAB_OFI_RX_DEPTH", "512",
-	 "Receives kept posted for remote writes on providers that need them (FI_RX_CQ_DATA mode)",
-	 FIELD(ofi_rx_depth), &parser_uint, 1, 65536},
-	{"TFAB_OFI_POLL_BATCH", "32", "Completions read from the libfabric queue per call",
-	 FIELD(ofi_poll_batch), &parser_uint, 1, 1024},
+    {"TFAB_PROVIDER", "auto",
+     "Fabric backend: auto (verbs when a device has an active port, else libfabric), verbs, "
+     "ofi, or ofi:<libfabric provider>",
+     FIELD(provider), &parser_string, 0, 0},
+    {"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
+     FIELD(log_level), &parser_level, 0, 0},
+    {"TFAB_CONNECT_TIMEOUT_MS", "10000",
+     "Longest wait for a peer while connecting or bootstrapping, in milliseconds",
+     FIELD(connect_timeout_ms), &parser_uint, 1, 3600000},
+    {"TFAB_OFI_DOMAIN", "",
+     "libfabric domain (interface) to open, such as lo or eth0; empty takes libfabric's first",
+     FIELD(ofi_domain), &parser_string, 0, 0},
+    {"TFAB_OFI_CQ_SIZE", "4096", "libfabric completion queue depth, in entries", FIELD(ofi_cq_size),
+     &parser_uint, 16, 1u << 20},
+    {"TFAB_OFI_RX_DEPTH", "512",
+     "Receives kept posted for remote writes on providers that need them (FI_RX_CQ_DATA mode)",
+     FIELD(ofi_rx_depth), &parser_uint, 1, 65536},
+    {"TFAB_OFI_POLL_BATCH", "32", "Completions read from the libfabric queue per call",
+     FIELD(ofi_poll_batch), &parser_uint, 1, 1024},
 };
 
 #define TABLE_LEN (sizeof(table) / sizeof(table[0]))
@@ -147,8 +147,8 @@ const struct tfab_config_entry *tfab__config_find(const char *name)
 	return NULL;
 }
 
-static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e,
-		     const char *value, char *errbuf, size_t errlen)
+static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e, const char *value,
+		     char *errbuf, size_t errlen)
 {
 	int rc = e->parser->parse(value, (char *)cfg + e->offset, e->size, e->min, e->max);
 
@@ -156,8 +156,8 @@ static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e,
 		return 0;
 	if (errbuf && errlen) {
 		if (rc == -ERANGE)
-			snprintf(errbuf, errlen, "%s=%s is out of range (%lu..%lu)", e->name,
-				 value, e->min, e->max);
+			snprintf(errbuf, errlen, "%s=%s is out of range (%lu..%lu)", e->name, value,
+				 e->min, e->max);
 		else
 			snprintf(errbuf, errlen, "%s=%s is not a valid %s value: %s", e->name,
 				 value, e->parser->kind, tfab_strerror(rc));
@@ -194,8 +194,8 @@ int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen)
 
 		if (!env)
 			continue;
-		rc = entry_set(cfg, &table[i], env, first_rc ? NULL : errbuf,
-			       first_rc ? 0 : errlen);
+		rc =
+		    entry_set(cfg, &table[i], env, first_rc ? NULL : errbuf, first_rc ? 0 : errlen);
 		if (rc && !first_rc)
 			first_rc = rc;
 		if (rc)

@@ -11,12 +11,12 @@
 #include <stdint.h>
 
 struct tfab_config {
-	char provider[64];           /* TFAB_PROVIDER */
-	int log_level;               /* TFAB_LOG_LEVEL */
+	char provider[64];	     /* TFAB_PROVIDER */
+	int log_level;		     /* TFAB_LOG_LEVEL */
 	unsigned connect_timeout_ms; /* TFAB_CONNECT_TIMEOUT_MS */
-	char ofi_domain[64];         /* TFAB_OFI_DOMAIN */
-	unsigned ofi_cq_size;        /* TFAB_OFI_CQ_SIZE */
-	unsigned ofi_rx_depth;       /* TFAB_OFI_RX_DEPTH */
+	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
+	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
+	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */
 	unsigned ofi_poll_batch;     /* TFAB_OFI_POLL_BATCH */
 };
 

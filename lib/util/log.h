@@ -10,7 +10,7 @@ extern atomic_int tfab__log_level_cur;
 
 int tfab__log_level_init(void);
 void tfab__log_emit(enum tfab_log_level level, const char *subsys, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 /* Parse "warn" or "2" into a level; returns 0 or -EINVAL. */
 int tfab__log_level_parse(const char *text, enum tfab_log_level *level_p);
@@ -24,10 +24,10 @@ static inline int tfab__log_enabled(enum tfab_log_level level)
 	return (int)level <= cur;
 }
 
-#define tfab__log(level, subsys, ...)                                  \
-	do {                                                           \
-		if (tfab__log_enabled(level))                          \
-			tfab__log_emit(level, subsys, __VA_ARGS__);    \
+#define tfab__log(level, subsys, ...)                               \
+	do {                                                        \
+		if (tfab__log_enabled(level))                       \
+			tfab__log_emit(level, subsys, __VA_ARGS__); \
 	} while (0)
 
 #define TFAB_ERROR(subsys, ...) tfab__log(TFAB_LOG_ERROR, subsys, __VA_ARGS__)

@@ -137,7 +137,7 @@ static struct fi_info *make_hints(const char *fabric)
 	hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
 	hints->domain_attr->mr_mode =
-		FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+	    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
 	hints->domain_attr->threading = FI_THREAD_DOMAIN;
 	hints->domain_attr->cq_data_size = 4;
 	if (fabric) {
@@ -369,14 +369,14 @@ static int tfab_ofi_close(struct tfab_ep *ep)
 	return 0;
 }
 
-#define CHECK_FI(call, label)                                                         \
-	do {                                                                          \
-		int rc_ = (int)(call);                                                \
-		if (rc_) {                                                            \
-			TFAB_ERROR(SUBSYS, "%s: %s", #call, fi_strerror(-rc_));       \
-			rc = ofi_err(rc_);                                            \
-			goto label;                                                   \
-		}                                                                     \
+#define CHECK_FI(call, label)                                                   \
+	do {                                                                    \
+		int rc_ = (int)(call);                                          \
+		if (rc_) {                                                      \
+			TFAB_ERROR(SUBSYS, "%s: %s", #call, fi_strerror(-rc_)); \
+			rc = ofi_err(rc_);                                      \
+			goto label;                                             \
+		}                                                               \
 	} while (0)
 
 static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_p)
@@ -438,7 +438,8 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	snprintf(ep->caps.fabric, sizeof(ep->caps.fabric), "%s", fi->fabric_attr->prov_name);
 	snprintf(ep->caps.domain, sizeof(ep->caps.domain), "%s", fi->domain_attr->name);
 	ep->caps.imm_bytes = 4;
-	ep->caps.mr_addr = (ep->mr_mode & FI_MR_VIRT_ADDR) ? TFAB_MR_ADDR_VIRT : TFAB_MR_ADDR_OFFSET;
+	ep->caps.mr_addr =
+	    (ep->mr_mode & FI_MR_VIRT_ADDR) ? TFAB_MR_ADDR_VIRT : TFAB_MR_ADDR_OFFSET;
 	ep->caps.key_bytes = (unsigned)fi->domain_attr->mr_key_size;
 	ep->caps.max_msg_size = fi->ep_attr->max_msg_size;
 	ep->caps.inject_size = fi->tx_attr->inject_size;
@@ -446,9 +447,8 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->caps.hmem_cuda = false; /* needs a libfabric built with CUDA and FI_HMEM wiring */
 	ep->caps.manual_progress = fi->domain_attr->data_progress == FI_PROGRESS_MANUAL;
 	ep->caps.mr_local = (ep->mr_mode & FI_MR_LOCAL) != 0;
-	TFAB_INFO(SUBSYS, "opened %s on %s: mr=%s rx_cq_data=%d", ep->caps.fabric,
-		  ep->caps.domain, ep->caps.mr_addr == TFAB_MR_ADDR_VIRT ? "virt" : "offset",
-		  ep->rx_cq_data);
+	TFAB_INFO(SUBSYS, "opened %s on %s: mr=%s rx_cq_data=%d", ep->caps.fabric, ep->caps.domain,
+		  ep->caps.mr_addr == TFAB_MR_ADDR_VIRT ? "virt" : "offset", ep->rx_cq_data);
 	*ep_p = ep;
 	return 0;
 err:
@@ -622,8 +622,7 @@ static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
 	op = err.op_context;
 	if (op && op->kind == TFAB_OFI_OP_RX && !ep->rx_cq_data)
 		op = NULL;
-	msg = fi_cq_strerror(ep->cq, err.prov_errno, err.err_data, ep->errmsg,
-			     sizeof(ep->errmsg));
+	msg = fi_cq_strerror(ep->cq, err.prov_errno, err.err_data, ep->errmsg, sizeof(ep->errmsg));
 	if (msg && msg != ep->errmsg)
 		snprintf(ep->errmsg, sizeof(ep->errmsg), "%s", msg);
 	memset(ev, 0, sizeof(*ev));
@@ -649,8 +648,8 @@ static int tfab_ofi_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
 	int n = 0;
 
 	while (n < max) {
-		size_t want = (size_t)(max - n) < ep->poll_batch ? (size_t)(max - n)
-								  : ep->poll_batch;
+		size_t want =
+		    (size_t)(max - n) < ep->poll_batch ? (size_t)(max - n) : ep->poll_batch;
 		ssize_t got = fi_cq_read(ep->cq, ep->cqe, want);
 
 		if (got == -FI_EAGAIN)
@@ -705,17 +704,17 @@ static int tfab_ofi_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
 }
 
 const struct tfab_provider_ops tfab_ofi_ops = {
-	.size = sizeof(struct tfab_provider_ops),
-	.name = "ofi",
-	.probe = tfab_ofi_probe,
-	.open = tfab_ofi_open,
-	.close = tfab_ofi_close,
-	.caps = tfab_ofi_caps,
-	.get_addr = tfab_ofi_get_addr,
-	.connect = tfab_ofi_connect,
-	.disconnect = tfab_ofi_disconnect,
-	.mr_reg = tfab_ofi_mr_reg,
-	.mr_dereg = tfab_ofi_mr_dereg,
-	.write_imm = tfab_ofi_write_imm,
-	.poll = tfab_ofi_poll,
+    .size = sizeof(struct tfab_provider_ops),
+    .name = "ofi",
+    .probe = tfab_ofi_probe,
+    .open = tfab_ofi_open,
+    .close = tfab_ofi_close,
+    .caps = tfab_ofi_caps,
+    .get_addr = tfab_ofi_get_addr,
+    .connect = tfab_ofi_connect,
+    .disconnect = tfab_ofi_disconnect,
+    .mr_reg = tfab_ofi_mr_reg,
+    .mr_dereg = tfab_ofi_mr_dereg,
+    .write_imm = tfab_ofi_write_imm,
+    .poll = tfab_ofi_poll,
 };

@@ -268,7 +268,8 @@ static void bad_write(uint64_t rkey_delta, uint64_t off, size_t len, const char 
 		print_message("%s: %s%s%s, target saw %llu writes, %llu errors\n", what,
 			      H.a.t.errors ? "error event: " : "completed without error",
 			      H.a.t.errors ? tfab_strerror(H.a.t.last_status) : "",
-			      H.a.t.errors ? "" : "", (unsigned long long)H.b.t.remote_writes, (unsigned long long)H.b.t.errors);
+			      H.a.t.errors ? "" : "", (unsigned long long)H.b.t.remote_writes,
+			      (unsigned long long)H.b.t.errors);
 		if (H.a.t.errors)
 			assert_true(H.a.t.watch_status < 0);
 		assert_int_equal(H.b.t.remote_writes, 0);
@@ -381,14 +382,13 @@ static void test_peer_killed(void **state)
 		}
 		harness_pump();
 	}
-	print_message("peer killed: %llu writes done before, %llu after; %llu error events (%s: "
-		      "%s); post error %s\n",
-		      (unsigned long long)done_at_kill,
-		      (unsigned long long)(H.a.t.writes_done - done_at_kill),
-		      (unsigned long long)H.a.t.errors,
-		      H.a.t.errors ? tfab_strerror(H.a.t.last_status) : "-",
-		      H.a.t.errors ? H.a.t.last_errmsg : "-",
-		      post_err ? tfab_strerror(post_err) : "none");
+	print_message(
+	    "peer killed: %llu writes done before, %llu after; %llu error events (%s: "
+	    "%s); post error %s\n",
+	    (unsigned long long)done_at_kill,
+	    (unsigned long long)(H.a.t.writes_done - done_at_kill),
+	    (unsigned long long)H.a.t.errors, H.a.t.errors ? tfab_strerror(H.a.t.last_status) : "-",
+	    H.a.t.errors ? H.a.t.last_errmsg : "-", post_err ? tfab_strerror(post_err) : "none");
 	/* A fabric that never reports it must at least stop completing writes to the dead. */
 	if (!H.a.t.errors && !post_err)
 		assert_true(H.a.t.writes_done - done_at_kill <= (uint64_t)WINDOW * 2);
@@ -415,16 +415,16 @@ static void test_peer_killed(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_caps),
-		cmocka_unit_test(test_mr_modes),
-		cmocka_unit_test(test_write_integrity),
-		cmocka_unit_test(test_zero_length),
-		cmocka_unit_test(test_64mib),
-		cmocka_unit_test(test_many_in_flight),
-		cmocka_unit_test(test_back_pressure),
-		cmocka_unit_test(test_bad_rkey),
-		cmocka_unit_test(test_out_of_range),
-		cmocka_unit_test(test_peer_killed),
+	    cmocka_unit_test(test_caps),
+	    cmocka_unit_test(test_mr_modes),
+	    cmocka_unit_test(test_write_integrity),
+	    cmocka_unit_test(test_zero_length),
+	    cmocka_unit_test(test_64mib),
+	    cmocka_unit_test(test_many_in_flight),
+	    cmocka_unit_test(test_back_pressure),
+	    cmocka_unit_test(test_bad_rkey),
+	    cmocka_unit_test(test_out_of_range),
+	    cmocka_unit_test(test_peer_killed),
 	};
 	int rc = harness_open();
 

@@ -69,9 +69,8 @@ int harness_open(void)
 		fprintf(stderr, "connect: %s\n", tfab_strerror(rc));
 		return 1;
 	}
-	snprintf(H.name, sizeof(H.name), "%s (%s on %s, mr=%s)", H.cfg.provider,
-		 H.a.caps->fabric, H.a.caps->domain,
-		 H.a.caps->mr_addr == TFAB_MR_ADDR_VIRT ? "virt" : "offset");
+	snprintf(H.name, sizeof(H.name), "%s (%s on %s, mr=%s)", H.cfg.provider, H.a.caps->fabric,
+		 H.a.caps->domain, H.a.caps->mr_addr == TFAB_MR_ADDR_VIRT ? "virt" : "offset");
 	printf("conformance: provider %s\n", H.name);
 	return 0;
 }

@@ -58,12 +58,12 @@ void harness_close(void);
 void harness_pump(void);
 
 /* Pump until cond holds or timeout_ms passes; ok is set to whether cond held. */
-#define WAIT_FOR(ok, cond, timeout_ms)                                           \
-	do {                                                                     \
-		uint64_t deadline_ = tfab__now_ms() + (uint64_t)(timeout_ms);   \
-		while (!(cond) && tfab__now_ms() < deadline_)                    \
-			harness_pump();                                          \
-		(ok) = (cond);                                                   \
+#define WAIT_FOR(ok, cond, timeout_ms)                                        \
+	do {                                                                  \
+		uint64_t deadline_ = tfab__now_ms() + (uint64_t)(timeout_ms); \
+		while (!(cond) && tfab__now_ms() < deadline_)                 \
+			harness_pump();                                       \
+		(ok) = (cond);                                                \
 	} while (0)
 
 /*

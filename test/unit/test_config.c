@@ -87,9 +87,8 @@ static void test_defaults_parse_each(void **state)
 		struct tfab_config cfg = {0};
 		char err[128] = "";
 
-		assert_int_equal(tfab__config_set(&cfg, table[i].name, table[i].dflt, err,
-						  sizeof(err)),
-				 0);
+		assert_int_equal(
+		    tfab__config_set(&cfg, table[i].name, table[i].dflt, err, sizeof(err)), 0);
 		assert_ptr_equal(tfab__config_find(table[i].name), &table[i]);
 	}
 }
@@ -150,16 +149,16 @@ static void test_suffixes(void **state)
 	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "1G", NULL, 0),
 			 -TFAB_ERR_CONFIG);
 	/* Big enough to overflow when multiplied. */
-	assert_int_equal(tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "18446744073709551615K",
-					  NULL, 0),
-			 -TFAB_ERR_CONFIG);
+	assert_int_equal(
+	    tfab__config_set(&cfg, "TFAB_OFI_CQ_SIZE", "18446744073709551615K", NULL, 0),
+	    -TFAB_ERR_CONFIG);
 	assert_int_equal(cfg.ofi_cq_size, 16);
 }
 
 static void test_env_invalid(void **state)
 {
-	static const char *const bad[] = {"abc", "-1", "0", "15", "99999999999", "", "8Q",
-					  "8KK", "1048577"};
+	static const char *const bad[] = {"abc", "-1", "0",   "15",	"99999999999",
+					  "",	 "8Q", "8KK", "1048577"};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -332,22 +331,20 @@ static void test_settings_check(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_defaults, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_defaults_parse_each, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_names_unique, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_suffixes, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_env_invalid, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_first_error_reported, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_errbuf_optional_and_bounded, clean_env,
-						clean_env),
-		cmocka_unit_test_setup_teardown(test_set_unknown, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_set_invalid_keeps_field, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_string_too_long, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_public_settings, clean_env, clean_env),
-		cmocka_unit_test_setup_teardown(test_public_value_reflects_env, clean_env,
-						clean_env),
-		cmocka_unit_test_setup_teardown(test_settings_check, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_defaults, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_defaults_parse_each, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_names_unique, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_suffixes, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_env_invalid, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_first_error_reported, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_errbuf_optional_and_bounded, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_set_unknown, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_set_invalid_keeps_field, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_string_too_long, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_public_settings, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_public_value_reflects_env, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_settings_check, clean_env, clean_env),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

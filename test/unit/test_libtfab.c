@@ -62,14 +62,14 @@ static void test_from_shared_library(void **state)
 static void test_exports(void **state)
 {
 	static const char *const public[] = {
-		"tfab_strerror",      "tfab_version",	   "tfab_log_set_sink",
-		"tfab_log_set_level", "tfab_log_get_level", "tfab_log_level_name",
-		"tfab_setting_count", "tfab_setting_get",   "tfab_settings_check",
+	    "tfab_strerror",	  "tfab_version",	"tfab_log_set_sink",
+	    "tfab_log_set_level", "tfab_log_get_level", "tfab_log_level_name",
+	    "tfab_setting_count", "tfab_setting_get",	"tfab_settings_check",
 	};
 	static const char *const internal[] = {
-		"tfab__config_init",	"tfab__config_set",	"tfab__config_table",
-		"tfab__log_emit",	"tfab__log_level_cur", "tfab__log_level_parse",
-		"tfab__sock_connect",	"tfab__sock_listen",	"tfab__sock_recv_msg",
+	    "tfab__config_init",  "tfab__config_set",	 "tfab__config_table",
+	    "tfab__log_emit",	  "tfab__log_level_cur", "tfab__log_level_parse",
+	    "tfab__sock_connect", "tfab__sock_listen",	 "tfab__sock_recv_msg",
 	};
 
 	(void)state;
@@ -84,11 +84,9 @@ static void test_exports(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_version),
-		cmocka_unit_test(test_strerror),
-		cmocka_unit_test(test_settings),
-		cmocka_unit_test(test_from_shared_library),
-		cmocka_unit_test(test_exports),
+	    cmocka_unit_test(test_version),  cmocka_unit_test(test_strerror),
+	    cmocka_unit_test(test_settings), cmocka_unit_test(test_from_shared_library),
+	    cmocka_unit_test(test_exports),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -61,11 +61,11 @@ static void test_parse_names(void **state)
 		const char *text;
 		enum tfab_log_level level;
 	} ok[] = {
-		{"none", TFAB_LOG_NONE},   {"error", TFAB_LOG_ERROR}, {"warn", TFAB_LOG_WARN},
-		{"info", TFAB_LOG_INFO},   {"debug", TFAB_LOG_DEBUG}, {"trace", TFAB_LOG_TRACE},
-		{"warning", TFAB_LOG_WARN}, {"DEBUG", TFAB_LOG_DEBUG}, {"Warning", TFAB_LOG_WARN},
-		{"0", TFAB_LOG_NONE},      {"1", TFAB_LOG_ERROR},     {"2", TFAB_LOG_WARN},
-		{"3", TFAB_LOG_INFO},      {"4", TFAB_LOG_DEBUG},     {"5", TFAB_LOG_TRACE},
+	    {"none", TFAB_LOG_NONE},	{"error", TFAB_LOG_ERROR}, {"warn", TFAB_LOG_WARN},
+	    {"info", TFAB_LOG_INFO},	{"debug", TFAB_LOG_DEBUG}, {"trace", TFAB_LOG_TRACE},
+	    {"warning", TFAB_LOG_WARN}, {"DEBUG", TFAB_LOG_DEBUG}, {"Warning", TFAB_LOG_WARN},
+	    {"0", TFAB_LOG_NONE},	{"1", TFAB_LOG_ERROR},	   {"2", TFAB_LOG_WARN},
+	    {"3", TFAB_LOG_INFO},	{"4", TFAB_LOG_DEBUG},	   {"5", TFAB_LOG_TRACE},
 	};
 
 	(void)state;
@@ -80,8 +80,8 @@ static void test_parse_names(void **state)
 
 static void test_parse_rejects(void **state)
 {
-	static const char *const bad[] = {"7", "6", "-1", "abc", "", "3x", "warnx",
-					  "99999999999999999999"};
+	static const char *const bad[] = {"7", "6",  "-1",    "abc",
+					  "",  "3x", "warnx", "99999999999999999999"};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -103,7 +103,7 @@ static void test_level_names(void **state)
 	assert_string_equal(tfab_log_level_name(TFAB_LOG_DEBUG), "debug");
 	assert_string_equal(tfab_log_level_name(TFAB_LOG_TRACE), "trace");
 	assert_string_equal(tfab_log_level_name((enum tfab_log_level)6), "?");
-	assert_string_equal(tfab_log_level_name((enum tfab_log_level)-1), "?");
+	assert_string_equal(tfab_log_level_name((enum tfab_log_level) - 1), "?");
 }
 
 static void test_set_level_returns_previous(void **state)
@@ -279,17 +279,17 @@ static void test_long_message_truncated(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_parse_names, reset, reset),
-		cmocka_unit_test_setup_teardown(test_parse_rejects, reset, reset),
-		cmocka_unit_test_setup_teardown(test_level_names, reset, reset),
-		cmocka_unit_test_setup_teardown(test_set_level_returns_previous, reset, reset),
-		cmocka_unit_test_setup_teardown(test_sink_receives_message, reset, reset),
-		cmocka_unit_test_setup_teardown(test_disabled_not_evaluated, reset, reset),
-		cmocka_unit_test_setup_teardown(test_env_read_on_first_use, reset, reset),
-		cmocka_unit_test_setup_teardown(test_env_unset_or_bad_gives_warn, reset, reset),
-		cmocka_unit_test_setup_teardown(test_set_level_before_env, reset, reset),
-		cmocka_unit_test_setup_teardown(test_null_sink_restores_default, reset, reset),
-		cmocka_unit_test_setup_teardown(test_long_message_truncated, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_parse_names, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_parse_rejects, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_level_names, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_set_level_returns_previous, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_sink_receives_message, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_disabled_not_evaluated, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_env_read_on_first_use, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_env_unset_or_bad_gives_warn, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_set_level_before_env, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_null_sink_restores_default, reset, reset),
+	    cmocka_unit_test_setup_teardown(test_long_message_truncated, reset, reset),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,9 +25,9 @@
 #define SLACK_MS 1500
 
 struct pair {
-	int lfd;	/* listener */
-	int a;		/* connecting side */
-	int b;		/* accepted side */
+	int lfd; /* listener */
+	int a;	 /* connecting side */
+	int b;	 /* accepted side */
 	uint16_t port;
 };
 
@@ -122,8 +122,9 @@ static void test_parse_ok(void **state)
 
 static void test_parse_rejects(void **state)
 {
-	static const char *const bad[] = {"nohost", "h:70000", "h:", "[::1]9", "[::1",
-					  "h:80x",  "h:65536", "[::1]:", "", "h:99999999999999999999"};
+	static const char *const bad[] = {
+	    "nohost", "h:70000", "h:",	   "[::1]9", "[::1",
+	    "h:80x",  "h:65536", "[::1]:", "",	     "h:99999999999999999999"};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -148,8 +149,7 @@ static void test_parse_host_too_long(void **state)
 	assert_int_equal(tfab__sock_parse_hostport("xyz:1", host, sizeof(host), &port), 0);
 	assert_string_equal(host, "xyz");
 	assert_int_equal(tfab__sock_parse_hostport("wxyz:1", host, sizeof(host), &port), -EINVAL);
-	assert_int_equal(tfab__sock_parse_hostport("[wxyz]:1", host, sizeof(host), &port),
-			 -EINVAL);
+	assert_int_equal(tfab__sock_parse_hostport("[wxyz]:1", host, sizeof(host), &port), -EINVAL);
 	assert_string_equal(host, "xyz");
 	assert_int_equal(port, 1);
 }
@@ -491,26 +491,25 @@ static void test_listen_bad_address(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_parse_ok),
-		cmocka_unit_test(test_parse_rejects),
-		cmocka_unit_test(test_parse_host_too_long),
-		cmocka_unit_test_setup_teardown(test_small_both_ways, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_wire_format, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_zero_length, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_big_both_ways, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_too_big_for_cap, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_exact_cap, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_peer_closed, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_peer_closed_mid_message, pair_open,
-						pair_close),
-		cmocka_unit_test_setup_teardown(test_send_to_closed, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_recv_timeout, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_recv_timeout_partial, pair_open, pair_close),
-		cmocka_unit_test_setup_teardown(test_accept_timeout, pair_open, pair_close),
-		cmocka_unit_test(test_connect_no_listener),
-		cmocka_unit_test(test_connect_waits_for_listener),
-		cmocka_unit_test(test_listen_any),
-		cmocka_unit_test(test_listen_bad_address),
+	    cmocka_unit_test(test_parse_ok),
+	    cmocka_unit_test(test_parse_rejects),
+	    cmocka_unit_test(test_parse_host_too_long),
+	    cmocka_unit_test_setup_teardown(test_small_both_ways, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_wire_format, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_zero_length, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_big_both_ways, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_too_big_for_cap, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_exact_cap, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_peer_closed, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_peer_closed_mid_message, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_send_to_closed, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_recv_timeout, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_recv_timeout_partial, pair_open, pair_close),
+	    cmocka_unit_test_setup_teardown(test_accept_timeout, pair_open, pair_close),
+	    cmocka_unit_test(test_connect_no_listener),
+	    cmocka_unit_test(test_connect_waits_for_listener),
+	    cmocka_unit_test(test_listen_any),
+	    cmocka_unit_test(test_listen_bad_address),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,8 +70,8 @@ static void test_errno(void **state)
 
 static void test_unknown(void **state)
 {
-	static const int codes[] = {TFAB_ERR_LAST, TFAB_ERR_LAST + 1, 100000, INT_MAX, -100000,
-				    -INT_MAX, INT_MIN};
+	static const int codes[] = {TFAB_ERR_LAST, TFAB_ERR_LAST + 1, 100000, INT_MAX,
+				    -100000,	   -INT_MAX,	      INT_MIN};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
@@ -87,12 +87,12 @@ static void test_unknown(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_success),
-		cmocka_unit_test(test_own_codes_named),
-		cmocka_unit_test(test_own_codes_distinct),
-		cmocka_unit_test(test_own_codes_not_errno),
-		cmocka_unit_test(test_errno),
-		cmocka_unit_test(test_unknown),
+	    cmocka_unit_test(test_success),
+	    cmocka_unit_test(test_own_codes_named),
+	    cmocka_unit_test(test_own_codes_distinct),
+	    cmocka_unit_test(test_own_codes_not_errno),
+	    cmocka_unit_test(test_errno),
+	    cmocka_unit_test(test_unknown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
