@@ -181,7 +181,7 @@ int tfab__provider_open(const struct tfab_config *cfg, bool local_only,
 			const struct tfab_provider_ops **ops_p, struct tfab_ep **ep_p, char *errbuf,
 			size_t errlen)
 {
-	const struct tfab_provider_ops *ops;
+	const struct tfab_provider_ops *ops = NULL;
 	struct tfab_open_args args = {.cfg = cfg, .local_only = local_only};
 	char fabric[64];
 	int rc;
