@@ -22,7 +22,7 @@
 
 struct tfab_config;
 struct tfab_ep;	  /* an open endpoint: domain, queues, address */
-struct tfab_peer; /* a connected remote endpoint */
+struct tfab_conn; /* a connection to a remote endpoint */
 
 /* How a remote address that the target advertises is formed. */
 enum tfab_mr_addr_mode {
@@ -118,8 +118,8 @@ struct tfab_provider_ops {
 
 	/* The endpoint's address blob; *len_p in: capacity, out: length. */
 	int (*get_addr)(struct tfab_ep *ep, void *buf, size_t *len_p);
-	int (*connect)(struct tfab_ep *ep, const void *addr, size_t len, struct tfab_peer **peer_p);
-	int (*disconnect)(struct tfab_peer *peer);
+	int (*connect)(struct tfab_ep *ep, const void *addr, size_t len, struct tfab_conn **peer_p);
+	int (*disconnect)(struct tfab_conn *peer);
 
 	int (*mr_reg)(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
 		      struct tfab_mr **mr_p);
@@ -130,7 +130,7 @@ struct tfab_provider_ops {
 	 * raddr is the advertised raddr of the target region plus an offset. ctx comes back in
 	 * the WRITE_DONE or ERROR event. Returns 0, -EAGAIN (back-pressure), or an error.
 	 */
-	int (*write_imm)(struct tfab_ep *ep, struct tfab_peer *peer, const void *lbuf, size_t len,
+	int (*write_imm)(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf, size_t len,
 			 struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey, uint32_t imm,
 			 unsigned flags, void *ctx);
 

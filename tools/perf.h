@@ -34,7 +34,7 @@ struct perf_pair {
 	struct tfab_config cfg;
 	struct tfab_ep *ep;
 	const struct tfab_caps *caps;
-	struct tfab_peer *peer;
+	struct tfab_conn *peer;
 	bool client;
 	int sock; /* bootstrap connection, kept for the run */
 	size_t buf_len;

@@ -9,6 +9,7 @@
 #include <tfab/status.h>
 #include <tfab/log.h>
 #include <tfab/config.h>
+#include <tfab/engine.h>
 
 #ifdef __cplusplus
 extern "C" {

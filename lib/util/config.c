@@ -129,6 +129,17 @@ static const struct tfab_config_entry table[] = {
      FIELD(ofi_rx_depth), &parser_uint, 1, 65536},
     {"TFAB_OFI_POLL_BATCH", "32", "Completions read from the libfabric queue per call",
      FIELD(ofi_poll_batch), &parser_uint, 1, 1024},
+    {"TFAB_RING_SLOTS", "64", "Control message slots per peer and direction (the credit window)",
+     FIELD(ring_slots), &parser_uint, 2, 1024},
+    {"TFAB_PROGRESS_THREAD", "0",
+     "1 starts a progress thread per context; 0 leaves progress to tfab_progress() and blocking "
+     "receives",
+     FIELD(progress_thread), &parser_uint, 0, 1},
+    {"TFAB_MR_CACHE_ENTRIES", "4096",
+     "Registrations of caller buffers kept for reuse before the least recently used go",
+     FIELD(mr_cache_entries), &parser_uint, 16, 1u << 24},
+    {"TFAB_POOL_CACHE", "268435456", "Bytes of free, registered destination blocks the pool keeps",
+     FIELD(pool_cache), &parser_uint, 0, 4095u << 20},
 };
 
 #define TABLE_LEN (sizeof(table) / sizeof(table[0]))

@@ -18,6 +18,10 @@ struct tfab_config {
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */
 	unsigned ofi_poll_batch;     /* TFAB_OFI_POLL_BATCH */
+	unsigned ring_slots;	     /* TFAB_RING_SLOTS */
+	unsigned progress_thread;    /* TFAB_PROGRESS_THREAD */
+	unsigned mr_cache_entries;   /* TFAB_MR_CACHE_ENTRIES */
+	unsigned pool_cache;	     /* TFAB_POOL_CACHE */
 };
 
 struct tfab_config_parser {

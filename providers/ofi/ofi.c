@@ -64,7 +64,7 @@ struct tfab_ep {
 	char errmsg[256];
 };
 
-struct tfab_peer {
+struct tfab_conn {
 	struct tfab_ep *ep;
 	fi_addr_t fi_addr;
 };
@@ -473,9 +473,9 @@ static int tfab_ofi_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
 }
 
 static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
-			    struct tfab_peer **peer_p)
+			    struct tfab_conn **peer_p)
 {
-	struct tfab_peer *peer;
+	struct tfab_conn *peer;
 	int rc;
 
 	if (len == 0 || len > TFAB_OFI_MAX_ADDR)
@@ -495,7 +495,7 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	return 0;
 }
 
-static int tfab_ofi_disconnect(struct tfab_peer *peer)
+static int tfab_ofi_disconnect(struct tfab_conn *peer)
 {
 	if (!peer)
 		return 0;
@@ -570,7 +570,7 @@ static int tfab_ofi_mr_dereg(struct tfab_mr *mr)
 	return 0;
 }
 
-static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_peer *peer, const void *lbuf,
+static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
 			      size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
 			      uint32_t imm, unsigned flags, void *ctx)
 {

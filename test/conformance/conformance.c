@@ -329,7 +329,7 @@ static void test_peer_killed(void **state)
 	uint8_t *src = xmalloc(LEN);
 	struct tfab_mr *smr = harness_reg(&H.a, src, LEN);
 	struct tfab_mr target = {0};
-	struct tfab_peer *peer;
+	struct tfab_conn *peer;
 	char msg[600];
 	uint32_t mlen;
 	int sv[2], status, posted = 0, post_err = 0;

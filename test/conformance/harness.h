@@ -34,7 +34,7 @@ struct tracker {
 struct side {
 	struct tfab_ep *ep;
 	const struct tfab_caps *caps;
-	struct tfab_peer *peer; /* the other side */
+	struct tfab_conn *peer; /* the other side */
 	struct tracker t;
 };
 

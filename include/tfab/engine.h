@@ -1,0 +1,141 @@
+/*
+ * The tensor rendezvous: contexts, peers, sends and receives of DLPack tensors by key and
+ * step id, with zero copies on the DMAable path.
+ *
+ * Threads: every function here is thread-safe. Callbacks run on the thread that drives
+ * progress (tfab_progress, a blocking receive, or the progress thread when TFAB_PROGRESS_THREAD
+ * is set) without any tfab lock held, so they may call back into tfab.
+ */
+#ifndef TFAB_ENGINE_H
+#define TFAB_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+#include <tfab/export.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Longest key, in bytes, not counting the terminating NUL. */
+#define TFAB_MAX_KEY_LEN 512
+
+struct tfab_context;
+struct tfab_peer;
+
+/*
+ * A context per process: reads the TFAB_* settings, opens the selected fabric. Returns 0,
+ * -TFAB_ERR_CONFIG or -TFAB_ERR_NO_FABRIC (the log says which choices exist), or -ENOMEM.
+ */
+TFAB_EXPORT int tfab_context_create(struct tfab_context **ctx_p);
+
+/*
+ * Aborts whatever is pending (callbacks get -TFAB_ERR_ABORTED), closes every peer and frees the
+ * context. -EBUSY (and nothing done) while tensors the library allocated are still held by the
+ * application. NULL is accepted.
+ */
+TFAB_EXPORT int tfab_context_destroy(struct tfab_context *ctx);
+
+/* Drive progress: returns how many events were handled (0 if none), or a negative status. */
+TFAB_EXPORT int tfab_progress(struct tfab_context *ctx);
+
+/* Peers through the built-in TCP bootstrap (no external service needed). */
+
+/* Listen for peers on host (NULL: any) and port (0: any); the bound port goes to *port_p. */
+TFAB_EXPORT int tfab_listen(struct tfab_context *ctx, const char *host, uint16_t port,
+			    uint16_t *port_p);
+/* Accept one peer that called tfab_connect, within timeout_ms. */
+TFAB_EXPORT int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **peer_p);
+/* Connect to a listening context at host:port, within timeout_ms. */
+TFAB_EXPORT int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port,
+			     int timeout_ms, struct tfab_peer **peer_p);
+
+/*
+ * Peers from blobs the application moves by its own means (MPI, a key-value store): each side
+ * creates a peer, sends tfab_peer_blob() to the other, and passes what it receives to
+ * tfab_peer_connect().
+ */
+TFAB_EXPORT int tfab_peer_create(struct tfab_context *ctx, struct tfab_peer **peer_p);
+/* *len_p in: capacity; out: bytes. -ENOSPC when buf is too small. */
+TFAB_EXPORT int tfab_peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p);
+TFAB_EXPORT int tfab_peer_connect(struct tfab_peer *peer, const void *blob, size_t len);
+/* Fails the peer's pending operations with -TFAB_ERR_ABORTED and frees it. */
+TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
+
+/*
+ * Producer. Offers tensor t under (key, step_id); returns at once. The first receive of that
+ * key and step, from any peer, takes it. t->data stays the caller's and must stay valid and
+ * unchanged until cb reports that the reader is done (status 0), or that the send failed
+ * (-TFAB_ERR_ABORTED after an abort or a step cleanup, -TFAB_ERR_PEER_FAILED, ...). A dead tensor
+ * (is_dead) carries meta-data only. The tensor must be compact row-major on the CPU or in
+ * CUDA host memory. A call that returns an error never calls cb.
+ */
+typedef void (*tfab_send_cb)(void *arg, int status);
+TFAB_EXPORT int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id,
+			  const DLTensor *t, bool is_dead, tfab_send_cb cb, void *arg);
+
+/*
+ * Consumer: an asynchronous receive of (key, step_id) from peer, posted before or after the
+ * matching send. With dest, the content is written straight into it: it must stay valid until
+ * cb, have the sender's dtype and room for the content. With dest NULL the library allocates
+ * the destination from its registered pool and hands it to cb as a DLManagedTensor, which the
+ * application releases with its deleter. cb gets the status, that tensor (NULL with dest, or
+ * for a dead tensor), and is_dead.
+ */
+typedef void (*tfab_recv_cb)(void *arg, int status, DLManagedTensor *tensor, bool is_dead);
+TFAB_EXPORT int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			  int64_t step_id, DLTensor *dest, tfab_recv_cb cb, void *arg);
+
+/*
+ * A blocking receive on top: waits at most timeout_ms (driving progress itself unless the
+ * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the library-allocated
+ * tensor when dest is NULL.
+ */
+TFAB_EXPORT int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			       int64_t step_id, DLTensor *dest, int timeout_ms,
+			       DLManagedTensor **tensor_p, bool *is_dead_p);
+
+/* Fails every pending send and receive of step_id with -TFAB_ERR_ABORTED and forgets them. */
+TFAB_EXPORT int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id);
+
+/*
+ * Fails every pending operation with status (negative; -TFAB_ERR_ABORTED if 0) and makes
+ * every later send and receive fail with it at once.
+ */
+TFAB_EXPORT int tfab_abort(struct tfab_context *ctx, int status);
+
+/*
+ * Forget cached memory registrations overlapping [addr, addr + len): call it before freeing
+ * or remapping memory that was sent from or received into.
+ */
+TFAB_EXPORT int tfab_mr_invalidate(struct tfab_context *ctx, const void *addr, size_t len);
+
+struct tfab_stats {
+	uint64_t bytes_sent;	   /* tensor content written to peers */
+	uint64_t bytes_received;   /* tensor content written here by peers */
+	uint64_t sends;		   /* sends completed */
+	uint64_t requests;	   /* receives completed */
+	uint64_t meta_hits;	   /* receives that found cached meta-data */
+	uint64_t meta_misses;	   /* receives that had none */
+	uint64_t rerequests;	   /* requests sent again after a meta-data reply */
+	uint64_t mr_hits;	   /* registration cache hits */
+	uint64_t mr_misses;	   /* and misses */
+	uint64_t mr_registrations; /* regions registered, cache and pool */
+	uint64_t bytes_copied;	   /* tensor bytes the library copied: 0 on the DMAable path */
+	uint64_t ctrl_messages;	   /* control messages sent */
+};
+
+TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);
+
+/* What the context runs on: "ofi", "tcp;ofi_rxm". Valid for the context's life. */
+TFAB_EXPORT const char *tfab_context_backend(struct tfab_context *ctx);
+TFAB_EXPORT const char *tfab_context_fabric(struct tfab_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,393 @@
+/*
+ * The context: configuration, the fabric endpoint, the lock, progress (polling the fabric and
+ * dispatching its events), the optional progress thread, callbacks run outside the lock, step
+ * cleanup, abort and statistics.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tfab/log.h>
+#include <tfab/status.h>
+
+#include "engine/engine.h"
+#include "util/log.h"
+#include "util/time.h"
+
+#define SUBSYS TFAB_ENGINE_SUBSYS
+#define POLL_EVENTS 64
+#define POLL_ROUNDS 8 /* batches per progress call, so one call never runs for long */
+
+void tfab__ctx_lock(struct tfab_context *ctx)
+{
+	pthread_mutex_lock(&ctx->lock);
+}
+
+/* Run the callbacks that became due, with the lock dropped. */
+void tfab__ctx_unlock(struct tfab_context *ctx)
+{
+	struct tfab_list reqs, sends, *l, *t;
+
+	if (tfab__list_empty(&ctx->done_reqs) && tfab__list_empty(&ctx->done_sends)) {
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
+	/* Move the lists out whole, so callbacks may post more work. */
+	tfab__list_init(&reqs);
+	tfab__list_init(&sends);
+	if (!tfab__list_empty(&ctx->done_reqs)) {
+		reqs = ctx->done_reqs;
+		reqs.next->prev = &reqs;
+		reqs.prev->next = &reqs;
+		tfab__list_init(&ctx->done_reqs);
+	}
+	if (!tfab__list_empty(&ctx->done_sends)) {
+		sends = ctx->done_sends;
+		sends.next->prev = &sends;
+		sends.prev->next = &sends;
+		tfab__list_init(&ctx->done_sends);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+
+	tfab_list_for_each_safe(l, t, &reqs)
+	{
+		struct tfab_request *r = tfab_container_of(l, struct tfab_request, done_link);
+
+		r->cb(r->arg, r->status, r->out, r->is_dead);
+	}
+	tfab_list_for_each_safe(l, t, &sends)
+	{
+		struct tfab_send *s = tfab_container_of(l, struct tfab_send, done_link);
+
+		s->cb(s->arg, s->status);
+	}
+
+	/* Free under the lock: a blocking receive checks its request under it. */
+	pthread_mutex_lock(&ctx->lock);
+	tfab_list_for_each_safe(l, t, &reqs)
+	{
+		free(tfab_container_of(l, struct tfab_request, done_link));
+	}
+	tfab_list_for_each_safe(l, t, &sends)
+	{
+		struct tfab_send *s = tfab_container_of(l, struct tfab_send, done_link);
+
+		if (s->in_flight) {
+			s->orphan = true; /* freed when its write completes */
+			ctx->orphans++;
+		} else {
+			free(s);
+		}
+	}
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev)
+{
+	struct tfab_wctx *w = ev->ctx;
+
+	switch (ev->type) {
+	case TFAB_EV_REMOTE_WRITE:
+		if (tfab__imm_is_ctrl(ev->imm))
+			tfab__peer_on_ctrl(ctx, ev->imm);
+		else
+			tfab__recv_on_content(ctx, ev->imm, ev->len);
+		return;
+	case TFAB_EV_WRITE_DONE:
+	case TFAB_EV_ERROR:
+		break;
+	}
+	if (!w) {
+		if (ev->type == TFAB_EV_ERROR)
+			TFAB_WARN(SUBSYS, "a fabric error not tied to an operation: %s (%s)",
+				  tfab_strerror(ev->status), ev->errmsg ? ev->errmsg : "");
+		return;
+	}
+	switch (w->kind) {
+	case TFAB_WCTX_CTRL:
+		tfab__peer_on_write_done((struct tfab_outbox_slot *)w, ev->status);
+		break;
+	case TFAB_WCTX_CONTENT:
+		tfab__send_on_write_done((struct tfab_send *)w, ev->status);
+		break;
+	case TFAB_WCTX_CREDIT: {
+		struct tfab_peer *peer = tfab_container_of(w, struct tfab_peer, credit_w);
+
+		peer->users--;
+		if (ev->status)
+			tfab__peer_fail(peer, ev->status);
+		break;
+	}
+	}
+}
+
+int tfab__progress_locked(struct tfab_context *ctx)
+{
+	struct tfab_event ev[POLL_EVENTS];
+	int total = 0;
+
+	for (int round = 0; round < POLL_ROUNDS; round++) {
+		int n = ctx->ops->poll(ctx->ep, ev, POLL_EVENTS);
+
+		if (n < 0)
+			return n;
+		for (int i = 0; i < n; i++)
+			dispatch(ctx, &ev[i]);
+		total += n;
+		if (n < POLL_EVENTS)
+			break;
+	}
+	tfab__sends_retry(ctx);
+	tfab__peers_flush(ctx);
+	tfab__peers_check_liveness(ctx);
+	return total;
+}
+
+int tfab_progress(struct tfab_context *ctx)
+{
+	int rc;
+
+	if (!ctx)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	rc = tfab__progress_locked(ctx);
+	tfab__ctx_unlock(ctx);
+	return rc;
+}
+
+static void *progress_main(void *arg)
+{
+	struct tfab_context *ctx = arg;
+
+	for (;;) {
+		int n;
+
+		tfab__ctx_lock(ctx);
+		if (ctx->thread_stop) {
+			pthread_mutex_unlock(&ctx->lock);
+			return NULL;
+		}
+		n = tfab__progress_locked(ctx);
+		tfab__ctx_unlock(ctx);
+		if (n <= 0) {
+			/* Idle: yield the core (CI machines have two). */
+			struct timespec ts = {0, 20000};
+
+			nanosleep(&ts, NULL);
+		}
+	}
+}
+
+int tfab_context_create(struct tfab_context **ctx_p)
+{
+	struct tfab_context *ctx;
+	char err[1024];
+	int rc;
+
+	if (!ctx_p)
+		return -EINVAL;
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return -ENOMEM;
+	pthread_mutex_init(&ctx->lock, NULL);
+	tfab__list_init(&ctx->peers);
+	tfab__list_init(&ctx->writes_pending);
+	tfab__list_init(&ctx->done_reqs);
+	tfab__list_init(&ctx->done_sends);
+	ctx->listen_fd = -1;
+	rc = tfab__config_init(&ctx->cfg, err, sizeof(err));
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "%s", err);
+		goto err;
+	}
+	rc = tfab__provider_open(&ctx->cfg, false, &ctx->ops, &ctx->ep, err, sizeof(err));
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "%s", err);
+		ctx->ops = NULL;
+		goto err;
+	}
+	ctx->caps = ctx->ops->caps(ctx->ep);
+	rc = tfab__mr_cache_create(ctx->ops, ctx->ep, ctx->cfg.mr_cache_entries, &ctx->mr_cache);
+	if (rc)
+		goto err;
+	rc = tfab__pool_create(ctx->ops, ctx->ep, ctx->cfg.pool_cache, &ctx->pool);
+	if (rc)
+		goto err;
+	rc = tfab__htable_init(&ctx->sends, 1024);
+	if (rc)
+		goto err;
+	rc = tfab__htable_init(&ctx->parked, 1024);
+	if (rc)
+		goto err;
+	if (ctx->cfg.progress_thread) {
+		rc = -pthread_create(&ctx->progress_thread, NULL, progress_main, ctx);
+		if (rc)
+			goto err;
+		ctx->thread_running = true;
+	}
+	TFAB_INFO(SUBSYS, "context on %s %s (%s)", ctx->caps->backend, ctx->caps->fabric,
+		  ctx->caps->domain);
+	*ctx_p = ctx;
+	return 0;
+err:
+	tfab__htable_fini(&ctx->sends);
+	tfab__htable_fini(&ctx->parked);
+	if (ctx->pool)
+		tfab__pool_destroy(ctx->pool);
+	if (ctx->mr_cache)
+		tfab__mr_cache_destroy(ctx->mr_cache);
+	if (ctx->ops)
+		ctx->ops->close(ctx->ep);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+	return rc;
+}
+
+/* Fail every request (of one step, or all) on every peer. */
+static void requests_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status)
+{
+	struct tfab_list *pl, *pt;
+
+	tfab_list_for_each_safe(pl, pt, &ctx->peers)
+	{
+		struct tfab_peer *peer = tfab_container_of(pl, struct tfab_peer, link);
+		struct tfab_list *l, *t;
+
+		tfab_list_for_each_safe(l, t, &peer->requests)
+		{
+			struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
+
+			if (all || r->step == step)
+				tfab__request_fail(r, status, true);
+		}
+	}
+}
+
+int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id)
+{
+	if (!ctx)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	requests_cleanup(ctx, false, step_id, -TFAB_ERR_ABORTED);
+	tfab__sends_cleanup(ctx, false, step_id, -TFAB_ERR_ABORTED);
+	tfab__peers_flush(ctx);
+	tfab__ctx_unlock(ctx);
+	return 0;
+}
+
+int tfab_abort(struct tfab_context *ctx, int status)
+{
+	if (!ctx || status > 0)
+		return -EINVAL;
+	if (status == 0)
+		status = -TFAB_ERR_ABORTED;
+	tfab__ctx_lock(ctx);
+	if (!ctx->abort_status)
+		ctx->abort_status = status;
+	requests_cleanup(ctx, true, 0, status);
+	tfab__sends_cleanup(ctx, true, 0, status);
+	tfab__peers_flush(ctx);
+	tfab__ctx_unlock(ctx);
+	return 0;
+}
+
+int tfab_context_destroy(struct tfab_context *ctx)
+{
+	uint64_t deadline;
+
+	if (!ctx)
+		return 0;
+	if (__atomic_load_n(&ctx->managed_out, __ATOMIC_ACQUIRE)) {
+		TFAB_ERROR(SUBSYS,
+			   "destroying a context while the application holds %llu of its "
+			   "tensors",
+			   (unsigned long long)ctx->managed_out);
+		return -EBUSY;
+	}
+	if (ctx->thread_running) {
+		tfab__ctx_lock(ctx);
+		ctx->thread_stop = true;
+		pthread_mutex_unlock(&ctx->lock);
+		pthread_join(ctx->progress_thread, NULL);
+		ctx->thread_running = false;
+	}
+	tfab_abort(ctx, -TFAB_ERR_ABORTED);
+	tfab__ctx_lock(ctx);
+	/* Let control messages already posted (cancels, errors) and writes in flight finish. */
+	deadline = tfab__now_ms() + 1000;
+	for (;;) {
+		bool busy = ctx->orphans != 0;
+		struct tfab_list *l;
+
+		for (l = ctx->peers.next; l != &ctx->peers && !busy; l = l->next)
+			busy = tfab_container_of(l, struct tfab_peer, link)->users != 0;
+		if (!busy || tfab__now_ms() > deadline)
+			break;
+		tfab__progress_locked(ctx);
+	}
+	while (!tfab__list_empty(&ctx->peers))
+		tfab__peer_free(tfab_container_of(ctx->peers.next, struct tfab_peer, link));
+	tfab__ctx_unlock(ctx);
+	if (ctx->listen_fd >= 0)
+		close(ctx->listen_fd);
+	/* Writes still in flight now can only be to dead peers; closing the endpoint ends them. */
+	if (ctx->orphans)
+		TFAB_WARN(SUBSYS, "%llu writes still in flight at destroy",
+			  (unsigned long long)ctx->orphans);
+	tfab__pool_trim(ctx->pool);
+	if (tfab__pool_destroy(ctx->pool) || tfab__mr_cache_destroy(ctx->mr_cache))
+		TFAB_WARN(SUBSYS, "registrations still in use at destroy");
+	ctx->ops->close(ctx->ep);
+	tfab__htable_fini(&ctx->sends);
+	tfab__htable_fini(&ctx->parked);
+	free(ctx->peer_by_id);
+	free(ctx->reqs);
+	free(ctx->req_gen);
+	free(ctx->req_free);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+	return 0;
+}
+
+int tfab_mr_invalidate(struct tfab_context *ctx, const void *addr, size_t len)
+{
+	int rc;
+
+	if (!ctx || !addr || !len)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	rc = tfab__mr_cache_invalidate(ctx->mr_cache, addr, len);
+	tfab__ctx_unlock(ctx);
+	return rc < 0 ? rc : 0;
+}
+
+int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p)
+{
+	struct tfab_mr_cache_stats mc;
+	struct tfab_pool_stats ps;
+
+	if (!ctx || !stats_p)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	*stats_p = ctx->stats;
+	tfab__mr_cache_get_stats(ctx->mr_cache, &mc);
+	tfab__pool_get_stats(ctx->pool, &ps);
+	stats_p->mr_hits = mc.hits;
+	stats_p->mr_misses = mc.misses;
+	stats_p->mr_registrations += mc.registrations + ps.registrations;
+	tfab__ctx_unlock(ctx);
+	return 0;
+}
+
+const char *tfab_context_backend(struct tfab_context *ctx)
+{
+	return ctx ? ctx->caps->backend : NULL;
+}
+
+const char *tfab_context_fabric(struct tfab_context *ctx)
+{
+	return ctx ? ctx->caps->fabric : NULL;
+}

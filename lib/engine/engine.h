@@ -1,0 +1,238 @@
+/*
+ * The protocol engine's internal state: the context, peers with their control channels,
+ * receive requests (the receiver's whole cycle) and sends with their responses (the sender's).
+ * Everything here is protected by ctx->lock; callbacks are queued and run after it is dropped.
+ */
+#ifndef TFAB_ENGINE_ENGINE_H
+#define TFAB_ENGINE_ENGINE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tfab/engine.h>
+
+#include "engine/mr_cache.h"
+#include "engine/pool.h"
+#include "engine/wire.h"
+#include "providers/provider.h"
+#include "util/config.h"
+#include "util/hash.h"
+#include "util/list.h"
+
+/* What a write's context points at: the first member of each such object. */
+enum tfab_wctx_kind {
+	TFAB_WCTX_CTRL = 1, /* an outbox slot */
+	TFAB_WCTX_CONTENT,  /* a send's content write */
+	TFAB_WCTX_CREDIT,   /* a credit return (peer->credit_w) */
+};
+
+struct tfab_wctx {
+	enum tfab_wctx_kind kind;
+};
+
+/* A control message waiting for credit or a free outbox slot. */
+struct tfab_pending_msg {
+	struct tfab_list link;
+	size_t len;
+	uint8_t bytes[];
+};
+
+struct tfab_outbox_slot {
+	struct tfab_wctx w; /* TFAB_WCTX_CTRL */
+	struct tfab_peer *peer;
+	bool busy;
+};
+
+/* Cached meta-data of one key from one peer. */
+struct tfab_meta_entry {
+	struct tfab_hnode node;
+	struct tfab_wire_meta meta;
+	uint16_t key_len;
+	char key[];
+};
+
+struct tfab_peer {
+	struct tfab_context *ctx;
+	struct tfab_list link; /* ctx->peers */
+	uint32_t id;	       /* ours: the peer writes it into its immediates to us */
+	uint32_t remote_id;    /* the peer's id for us */
+	struct tfab_conn *conn;
+	bool connected;
+	int failed; /* 0, or the status its operations fail with */
+	int sock;   /* bootstrap connection watched for the peer's death, or -1 */
+	/* Our inbox: the peer writes messages into it. */
+	uint8_t *inbox;
+	struct tfab_mr *inbox_mr;
+	uint32_t rx_next;	/* next sequence number of the contiguous prefix */
+	uint32_t rx_unreturned; /* consumed, credit not yet returned */
+	uint8_t *rx_consumed;	/* per slot: consumed out of order */
+	/* Our outbox: the source of our messages to the peer. */
+	uint8_t *outbox;
+	struct tfab_mr *outbox_mr;
+	struct tfab_outbox_slot *oslots;
+	uint32_t tx_seq;	  /* next message number */
+	uint32_t tx_acked;	  /* credits returned by the peer, cumulative */
+	struct tfab_list pending; /* struct tfab_pending_msg */
+	/* The peer's inbox. */
+	uint64_t remote_raddr, remote_rkey;
+	uint32_t remote_slots, remote_slot_size;
+	struct tfab_htable meta;   /* struct tfab_meta_entry by key */
+	struct tfab_list requests; /* struct tfab_request, ours to this peer */
+	unsigned users;		   /* in-flight writes to this peer not yet completed */
+	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
+};
+
+enum tfab_req_state {
+	TFAB_REQ_REQUESTED = 1, /* a request is out; content or meta-data will come */
+	TFAB_REQ_DONE,
+};
+
+/* The receiver's cycle for one receive. */
+struct tfab_request {
+	struct tfab_list link;	    /* peer->requests */
+	struct tfab_list done_link; /* ctx->done */
+	struct tfab_context *ctx;
+	uint32_t index;
+	struct tfab_peer *peer;
+	int64_t step;
+	uint16_t key_len;
+	char key[TFAB_MAX_KEY + 1];
+	DLTensor *user_dest;
+	struct tfab_wire_meta meta; /* what the destination was sized for */
+	bool meta_valid;
+	/* the destination */
+	void *dest;
+	size_t dest_cap;
+	struct tfab_mr *dest_mr;
+	bool dest_pool;
+	enum tfab_req_state state;
+	int status;
+	bool is_dead;
+	DLManagedTensor *out;
+	tfab_recv_cb cb;
+	void *arg;
+	/* blocking receives */
+	bool sync;
+};
+
+enum tfab_send_state {
+	TFAB_SEND_WAITING = 1, /* offered, no matching request yet (or meta-data sent) */
+	TFAB_SEND_WRITING,     /* content write posted or queued */
+	TFAB_SEND_DONE,
+};
+
+/* A request a peer sent us that waits for its send (parked), or is being answered. */
+struct tfab_response {
+	struct tfab_hnode node; /* ctx->parked by (key, step) */
+	struct tfab_peer *peer;
+	uint32_t req_index;
+	uint16_t flags;
+	int64_t step;
+	uint64_t dest_raddr, dest_rkey, dest_capacity;
+	struct tfab_wire_meta meta;
+	uint16_t key_len;
+	char key[TFAB_MAX_KEY + 1];
+};
+
+/* The sender's side of one send. */
+struct tfab_send {
+	struct tfab_wctx w;	    /* TFAB_WCTX_CONTENT */
+	struct tfab_hnode node;	    /* ctx->sends by (key, step) */
+	struct tfab_list link;	    /* ctx->writes_pending while queued for -EAGAIN */
+	struct tfab_list done_link; /* ctx->done */
+	int64_t step;
+	uint16_t key_len;
+	char key[TFAB_MAX_KEY + 1];
+	void *data;
+	struct tfab_wire_meta meta;
+	struct tfab_mr *mr;
+	struct tfab_response resp; /* the request being answered, while WRITING */
+	enum tfab_send_state state;
+	bool in_flight; /* a content write is posted and not completed */
+	bool orphan;	/* failed while in flight: freed when the write completes */
+	int status;
+	tfab_send_cb cb;
+	void *arg;
+};
+
+struct tfab_context {
+	pthread_mutex_t lock;
+	struct tfab_config cfg;
+	const struct tfab_provider_ops *ops;
+	struct tfab_ep *ep;
+	const struct tfab_caps *caps;
+	struct tfab_mr_cache *mr_cache;
+	struct tfab_pool *pool;
+	struct tfab_list peers;
+	uint32_t next_peer_id;
+	struct tfab_peer **peer_by_id; /* by our id */
+	uint32_t peer_cap;
+	/* receive requests by index: slot in the low 20 bits, generation above */
+	struct tfab_request **reqs;
+	uint16_t *req_gen;
+	uint32_t *req_free;
+	uint32_t req_cap, req_nfree;
+	/* sends by (key, step), and requests that came before their send */
+	struct tfab_htable sends;
+	struct tfab_htable parked;	 /* struct tfab_response by (key, step) */
+	struct tfab_list writes_pending; /* content writes that met -EAGAIN */
+	struct tfab_list done_reqs;	 /* requests whose callbacks are due */
+	struct tfab_list done_sends;	 /* sends whose callbacks are due */
+	uint64_t orphans;		 /* failed sends whose writes are still in flight */
+	int abort_status;
+	int listen_fd;
+	uint64_t next_liveness_ms;
+	struct tfab_stats stats;
+	uint64_t managed_out; /* library-allocated tensors the application holds */
+	pthread_t progress_thread;
+	bool thread_running, thread_stop;
+	pthread_cond_t cond; /* signalled when callbacks ran, for blocking receives */
+};
+
+/* context.c */
+void tfab__ctx_lock(struct tfab_context *ctx);
+/* Drops the lock, then runs every callback that became due. */
+void tfab__ctx_unlock(struct tfab_context *ctx);
+int tfab__progress_locked(struct tfab_context *ctx);
+
+/* peer.c */
+int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
+void tfab__peer_fail(struct tfab_peer *peer, int status);
+void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
+void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
+void tfab__peers_flush(struct tfab_context *ctx);
+void tfab__peers_check_liveness(struct tfab_context *ctx);
+void tfab__peer_free(struct tfab_peer *peer);
+struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char *key,
+					     uint16_t key_len);
+int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_len,
+			  const struct tfab_wire_meta *meta);
+
+/* recv.c */
+void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len);
+void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
+void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender);
+void tfab__request_release(struct tfab_request *r);
+
+/* send.c */
+void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m);
+void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index);
+void tfab__send_on_write_done(struct tfab_send *s, int status);
+void tfab__sends_retry(struct tfab_context *ctx);
+void tfab__send_fail(struct tfab_send *s, int status);
+void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);
+void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
+
+uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
+
+/* tensor.c */
+int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
+			     void **data_p);
+uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p);
+DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
+				   void *data);
+
+#define TFAB_ENGINE_SUBSYS "engine"
+
+#endif

@@ -1,0 +1,599 @@
+/*
+ * Peers and their control channels: connection blobs, the TCP bootstrap, the inbox ring the
+ * peer writes our messages into, the outbox our messages are written from, credits, and the
+ * peer's death (fabric errors, or its bootstrap connection closing).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tfab/status.h>
+
+#include "engine/engine.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+#define SUBSYS TFAB_ENGINE_SUBSYS
+#define SLOT_SIZE TFAB_WIRE_MIN_SLOT
+#define LIVENESS_MS 50
+
+static size_t slots_of(const struct tfab_context *ctx)
+{
+	return ctx->cfg.ring_slots;
+}
+
+static int register_peer_id(struct tfab_context *ctx, struct tfab_peer *peer)
+{
+	if (ctx->next_peer_id > TFAB_WIRE_MAX_PEER_ID)
+		return -ENOSPC;
+	if (ctx->next_peer_id >= ctx->peer_cap) {
+		uint32_t cap = ctx->peer_cap ? ctx->peer_cap * 2 : 16;
+		struct tfab_peer **p = realloc(ctx->peer_by_id, cap * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		memset(p + ctx->peer_cap, 0, (cap - ctx->peer_cap) * sizeof(*p));
+		ctx->peer_by_id = p;
+		ctx->peer_cap = cap;
+	}
+	peer->id = ctx->next_peer_id++;
+	ctx->peer_by_id[peer->id] = peer;
+	return 0;
+}
+
+void tfab__peer_free(struct tfab_peer *peer)
+{
+	struct tfab_context *ctx;
+
+	if (!peer)
+		return;
+	ctx = peer->ctx;
+	if (ctx->peer_by_id && peer->id < ctx->peer_cap && ctx->peer_by_id[peer->id] == peer)
+		ctx->peer_by_id[peer->id] = NULL;
+	tfab__list_del(&peer->link);
+	while (!tfab__list_empty(&peer->pending)) {
+		struct tfab_list *l = peer->pending.next;
+
+		tfab__list_del(l);
+		free(tfab_container_of(l, struct tfab_pending_msg, link));
+	}
+	if (peer->meta.buckets) {
+		for (size_t i = 0; i < peer->meta.nbuckets; i++) {
+			struct tfab_hnode *n = peer->meta.buckets[i], *next;
+
+			for (; n; n = next) {
+				next = n->next;
+				free(tfab_container_of(n, struct tfab_meta_entry, node));
+			}
+		}
+		tfab__htable_fini(&peer->meta);
+	}
+	if (peer->conn)
+		ctx->ops->disconnect(peer->conn);
+	ctx->ops->mr_dereg(peer->inbox_mr);
+	ctx->ops->mr_dereg(peer->outbox_mr);
+	free(peer->inbox);
+	free(peer->outbox);
+	free(peer->oslots);
+	free(peer->rx_consumed);
+	if (peer->sock >= 0)
+		close(peer->sock);
+	free(peer);
+}
+
+static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
+{
+	size_t r = slots_of(ctx);
+	struct tfab_peer *peer;
+	int rc;
+
+	peer = calloc(1, sizeof(*peer));
+	if (!peer)
+		return -ENOMEM;
+	peer->ctx = ctx;
+	peer->sock = -1;
+	peer->credit_w.kind = TFAB_WCTX_CREDIT;
+	tfab__list_init(&peer->link);
+	tfab__list_init(&peer->pending);
+	tfab__list_init(&peer->requests);
+	rc = tfab__htable_init(&peer->meta, 64);
+	if (rc)
+		goto err;
+	rc = -ENOMEM;
+	if (posix_memalign((void **)&peer->inbox, 4096, r * SLOT_SIZE) ||
+	    posix_memalign((void **)&peer->outbox, 4096, r * SLOT_SIZE))
+		goto err;
+	memset(peer->inbox, 0, r * SLOT_SIZE);
+	memset(peer->outbox, 0, r * SLOT_SIZE);
+	peer->oslots = calloc(r, sizeof(*peer->oslots));
+	peer->rx_consumed = calloc(r, 1);
+	if (!peer->oslots || !peer->rx_consumed)
+		goto err;
+	for (size_t i = 0; i < r; i++) {
+		peer->oslots[i].w.kind = TFAB_WCTX_CTRL;
+		peer->oslots[i].peer = peer;
+	}
+	rc = ctx->ops->mr_reg(ctx->ep, peer->inbox, r * SLOT_SIZE, TFAB_MR_REMOTE_WRITE,
+			      &peer->inbox_mr);
+	if (rc)
+		goto err;
+	rc = ctx->ops->mr_reg(ctx->ep, peer->outbox, r * SLOT_SIZE, TFAB_MR_LOCAL_WRITE,
+			      &peer->outbox_mr);
+	if (rc)
+		goto err;
+	ctx->stats.mr_registrations += 2;
+	rc = register_peer_id(ctx, peer);
+	if (rc)
+		goto err;
+	tfab__list_add_tail(&ctx->peers, &peer->link);
+	*peer_p = peer;
+	return 0;
+err:
+	tfab__peer_free(peer);
+	return rc;
+}
+
+static int peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p)
+{
+	struct tfab_context *ctx = peer->ctx;
+	uint8_t addr[TFAB_WIRE_MAX_ADDR];
+	size_t alen = sizeof(addr);
+	struct tfab_wire_blob b = {
+	    .ring_raddr = peer->inbox_mr->raddr,
+	    .ring_rkey = peer->inbox_mr->rkey,
+	    .ring_slots = (uint32_t)slots_of(ctx),
+	    .slot_size = SLOT_SIZE,
+	    .peer_id = peer->id,
+	};
+	int rc = ctx->ops->get_addr(ctx->ep, addr, &alen);
+
+	if (rc)
+		return rc;
+	b.addr_len = (uint16_t)alen;
+	b.addr = addr;
+	return tfab__wire_blob_encode(&b, buf, *len_p, len_p);
+}
+
+static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
+{
+	struct tfab_context *ctx = peer->ctx;
+	struct tfab_wire_blob b;
+	int rc;
+
+	if (peer->connected)
+		return -EISCONN;
+	rc = tfab__wire_blob_decode(blob, len, &b);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "a peer's connection blob is %s",
+			   rc == -TFAB_ERR_VERSION ? "of another protocol version" : "malformed");
+		return rc;
+	}
+	rc = ctx->ops->connect(ctx->ep, b.addr, b.addr_len, &peer->conn);
+	if (rc)
+		return rc;
+	peer->remote_raddr = b.ring_raddr;
+	peer->remote_rkey = b.ring_rkey;
+	peer->remote_slots = b.ring_slots;
+	peer->remote_slot_size = b.slot_size;
+	peer->remote_id = b.peer_id;
+	peer->connected = true;
+	tfab__peers_flush(ctx);
+	return 0;
+}
+
+int tfab_peer_create(struct tfab_context *ctx, struct tfab_peer **peer_p)
+{
+	int rc;
+
+	if (!ctx || !peer_p)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	rc = peer_new(ctx, peer_p);
+	tfab__ctx_unlock(ctx);
+	return rc;
+}
+
+int tfab_peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p)
+{
+	int rc;
+
+	if (!peer || !buf || !len_p)
+		return -EINVAL;
+	tfab__ctx_lock(peer->ctx);
+	rc = peer_blob(peer, buf, len_p);
+	tfab__ctx_unlock(peer->ctx);
+	return rc;
+}
+
+int tfab_peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
+{
+	int rc;
+
+	if (!peer || !blob)
+		return -EINVAL;
+	tfab__ctx_lock(peer->ctx);
+	rc = peer_connect(peer, blob, len);
+	tfab__ctx_unlock(peer->ctx);
+	return rc;
+}
+
+/* Wait (driving progress) until no write of ours to the peer is in flight, at most 2 s. */
+static bool peer_drain(struct tfab_peer *peer)
+{
+	uint64_t deadline = tfab__now_ms() + 2000;
+
+	while (peer->users && tfab__now_ms() < deadline)
+		tfab__progress_locked(peer->ctx);
+	return peer->users == 0;
+}
+
+int tfab_peer_destroy(struct tfab_peer *peer)
+{
+	struct tfab_context *ctx;
+
+	if (!peer)
+		return 0;
+	ctx = peer->ctx;
+	tfab__ctx_lock(ctx);
+	tfab__peer_fail(peer, -TFAB_ERR_ABORTED);
+	if (!peer_drain(peer))
+		TFAB_WARN(SUBSYS, "peer %u: writes still in flight after 2 s; freeing anyway",
+			  peer->id);
+	tfab__peer_free(peer);
+	tfab__ctx_unlock(ctx);
+	return 0;
+}
+
+/* The TCP bootstrap: swap blobs over a connected socket, keep it to watch the peer. */
+static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tfab_peer **peer_p)
+{
+	uint8_t mine[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR], theirs[sizeof(mine)];
+	size_t mlen = sizeof(mine);
+	uint32_t tlen;
+	struct tfab_peer *peer = NULL;
+	int rc;
+
+	tfab__ctx_lock(ctx);
+	rc = peer_new(ctx, &peer);
+	if (rc == 0)
+		rc = peer_blob(peer, mine, &mlen);
+	tfab__ctx_unlock(ctx);
+	if (rc == 0)
+		rc = tfab__sock_send_msg(fd, mine, (uint32_t)mlen, timeout_ms);
+	if (rc == 0)
+		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
+	tfab__ctx_lock(ctx);
+	if (rc == 0)
+		rc = peer_connect(peer, theirs, tlen);
+	if (rc) {
+		if (peer)
+			tfab__peer_free(peer);
+		tfab__ctx_unlock(ctx);
+		close(fd);
+		TFAB_ERROR(SUBSYS, "bootstrap with a peer failed: %s", tfab_strerror(rc));
+		return rc;
+	}
+	peer->sock = fd;
+	tfab__ctx_unlock(ctx);
+	*peer_p = peer;
+	return 0;
+}
+
+int tfab_listen(struct tfab_context *ctx, const char *host, uint16_t port, uint16_t *port_p)
+{
+	int fd, rc;
+
+	if (!ctx)
+		return -EINVAL;
+	rc = tfab__sock_listen(host, port, &fd, port_p);
+	if (rc)
+		return rc;
+	tfab__ctx_lock(ctx);
+	if (ctx->listen_fd >= 0)
+		close(ctx->listen_fd);
+	ctx->listen_fd = fd;
+	tfab__ctx_unlock(ctx);
+	return 0;
+}
+
+int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **peer_p)
+{
+	int fd, rc;
+
+	if (!ctx || !peer_p || ctx->listen_fd < 0)
+		return -EINVAL;
+	rc = tfab__sock_accept(ctx->listen_fd, timeout_ms, &fd);
+	if (rc)
+		return rc;
+	return bootstrap(ctx, fd, timeout_ms, peer_p);
+}
+
+int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int timeout_ms,
+		 struct tfab_peer **peer_p)
+{
+	int fd, rc;
+
+	if (!ctx || !host || !peer_p)
+		return -EINVAL;
+	rc = tfab__sock_connect(host, port, timeout_ms, &fd);
+	if (rc)
+		return rc;
+	return bootstrap(ctx, fd, timeout_ms, peer_p);
+}
+
+/* Control messages out. */
+
+int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
+	struct tfab_pending_msg *pm;
+	int rc;
+
+	if (peer->failed)
+		return peer->failed;
+	pm = malloc(sizeof(*pm) + SLOT_SIZE);
+	if (!pm)
+		return -ENOMEM;
+	rc = tfab__wire_msg_encode(m, pm->bytes, SLOT_SIZE, &pm->len);
+	if (rc) {
+		free(pm);
+		return rc;
+	}
+	tfab__list_add_tail(&peer->pending, &pm->link);
+	return 0;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static void peer_flush(struct tfab_peer *peer)
+{
+	struct tfab_context *ctx = peer->ctx;
+	size_t r = slots_of(ctx);
+
+	if (!peer->connected || peer->failed)
+		return;
+	while (!tfab__list_empty(&peer->pending)) {
+		struct tfab_pending_msg *pm =
+		    tfab_container_of(peer->pending.next, struct tfab_pending_msg, link);
+		uint32_t rslot = peer->tx_seq % peer->remote_slots;
+		struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % r];
+		uint8_t *src = peer->outbox + (size_t)(peer->tx_seq % r) * SLOT_SIZE;
+		int rc;
+
+		if (peer->tx_seq - peer->tx_acked >= peer->remote_slots || os->busy)
+			return; /* no credit, or the slot's last write has not completed */
+		memcpy(src, pm->bytes, pm->len);
+		put_le32(src + 8, peer->tx_seq);
+		rc = ctx->ops->write_imm(
+		    ctx->ep, peer->conn, src, pm->len, peer->outbox_mr,
+		    peer->remote_raddr + (uint64_t)rslot * peer->remote_slot_size,
+		    peer->remote_rkey, tfab__imm_msg(peer->remote_id, rslot), 0, &os->w);
+		if (rc == -EAGAIN)
+			return;
+		if (rc) {
+			tfab__peer_fail(peer, rc);
+			return;
+		}
+		os->busy = true;
+		peer->users++;
+		peer->tx_seq++;
+		ctx->stats.ctrl_messages++;
+		tfab__list_del(&pm->link);
+		free(pm);
+	}
+}
+
+/* Credits back for what we consumed, as a zero-length write carrying the count. */
+static void peer_return_credits(struct tfab_peer *peer)
+{
+	struct tfab_context *ctx = peer->ctx;
+
+	while (peer->rx_unreturned && peer->connected && !peer->failed) {
+		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
+		bool inject = ctx->caps->inject_size > 0;
+		int rc = ctx->ops->write_imm(ctx->ep, peer->conn, peer->outbox, 0, peer->outbox_mr,
+					     peer->remote_raddr, peer->remote_rkey,
+					     tfab__imm_credit(peer->remote_id, n),
+					     inject ? TFAB_WRITE_INJECT : 0, &peer->credit_w);
+
+		if (rc == -EAGAIN)
+			return;
+		if (rc) {
+			tfab__peer_fail(peer, rc);
+			return;
+		}
+		if (!inject)
+			peer->users++;
+		peer->rx_unreturned -= n;
+	}
+}
+
+void tfab__peers_flush(struct tfab_context *ctx)
+{
+	struct tfab_list *l, *t;
+
+	tfab_list_for_each_safe(l, t, &ctx->peers)
+	{
+		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
+
+		peer_flush(peer);
+		peer_return_credits(peer);
+	}
+}
+
+void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status)
+{
+	slot->busy = false;
+	slot->peer->users--;
+	if (status)
+		tfab__peer_fail(slot->peer, status);
+}
+
+/* Control messages in. */
+
+static void protocol_error(struct tfab_peer *peer, const char *what)
+{
+	TFAB_ERROR(SUBSYS, "peer %u: %s", peer->id, what);
+	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
+}
+
+void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
+{
+	uint32_t id = tfab__imm_peer(imm), low = tfab__imm_low(imm);
+	size_t r = slots_of(ctx);
+	struct tfab_peer *peer = id < ctx->peer_cap ? ctx->peer_by_id[id] : NULL;
+	struct tfab_wire_msg m;
+	int rc;
+
+	if (!peer) {
+		TFAB_WARN(SUBSYS, "a control write for unknown peer %u, dropped", id);
+		return;
+	}
+	if (peer->failed)
+		return;
+	if (tfab__imm_is_credit(imm)) {
+		if (low == 0 || peer->tx_seq - peer->tx_acked < low) {
+			protocol_error(peer, "credits returned for messages never sent");
+			return;
+		}
+		peer->tx_acked += low;
+		return;
+	}
+	if (low >= r) {
+		protocol_error(peer, "a message beyond the inbox");
+		return;
+	}
+	rc = tfab__wire_msg_decode(peer->inbox + (size_t)low * SLOT_SIZE, SLOT_SIZE, &m);
+	if (rc) {
+		protocol_error(peer, "a malformed control message");
+		return;
+	}
+	if (m.seq % r != low || m.seq - peer->rx_next >= r || peer->rx_consumed[low]) {
+		protocol_error(peer, "a control message out of its window");
+		return;
+	}
+	peer->rx_consumed[low] = 1;
+	switch (m.type) {
+	case TFAB_MSG_TENSOR_REQUEST:
+		tfab__send_on_request(peer, &m);
+		break;
+	case TFAB_MSG_CANCEL:
+		tfab__send_on_cancel(peer, m.req_index);
+		break;
+	case TFAB_MSG_META_DATA:
+	case TFAB_MSG_ERROR:
+		tfab__recv_on_msg(peer, &m);
+		break;
+	default:
+		protocol_error(peer, "an unknown message type");
+		return;
+	}
+	while (peer->rx_consumed[peer->rx_next % r]) {
+		peer->rx_consumed[peer->rx_next % r] = 0;
+		peer->rx_next++;
+		peer->rx_unreturned++;
+	}
+}
+
+void tfab__peer_fail(struct tfab_peer *peer, int status)
+{
+	struct tfab_context *ctx = peer->ctx;
+	struct tfab_list *l, *t;
+
+	if (peer->failed)
+		return;
+	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
+	if (status != -TFAB_ERR_ABORTED)
+		TFAB_WARN(SUBSYS, "peer %u failed: %s", peer->id, tfab_strerror(status));
+	tfab_list_for_each_safe(l, t, &peer->requests)
+	{
+		tfab__request_fail(tfab_container_of(l, struct tfab_request, link), peer->failed,
+				   false);
+	}
+	tfab__sends_fail_peer(ctx, peer, peer->failed);
+	while (!tfab__list_empty(&peer->pending)) {
+		struct tfab_list *p = peer->pending.next;
+
+		tfab__list_del(p);
+		free(tfab_container_of(p, struct tfab_pending_msg, link));
+	}
+}
+
+void tfab__peers_check_liveness(struct tfab_context *ctx)
+{
+	uint64_t now = tfab__now_ms();
+	struct tfab_list *l, *t;
+
+	if (now < ctx->next_liveness_ms)
+		return;
+	ctx->next_liveness_ms = now + LIVENESS_MS;
+	tfab__pool_trim(ctx->pool); /* blocks the application returned, beyond the bound */
+	tfab_list_for_each_safe(l, t, &ctx->peers)
+	{
+		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
+		struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
+		char c;
+
+		if (peer->sock < 0 || peer->failed || poll(&pfd, 1, 0) <= 0)
+			continue;
+		/* Nothing is sent on it after the bootstrap: readable means closed. */
+		if (recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0) {
+			TFAB_WARN(SUBSYS, "peer %u: its bootstrap connection closed", peer->id);
+			tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
+		}
+	}
+}
+
+/* The meta-data cache: per peer, by key. */
+
+static uint64_t key_hash(const char *key, uint16_t len)
+{
+	return tfab__hash_bytes(key, len, 0);
+}
+
+struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char *key,
+					     uint16_t key_len)
+{
+	uint64_t h = key_hash(key, key_len);
+
+	for (struct tfab_hnode *n = tfab__htable_first(&peer->meta, h); n;
+	     n = tfab__htable_next(n, h)) {
+		struct tfab_meta_entry *e = tfab_container_of(n, struct tfab_meta_entry, node);
+
+		if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0)
+			return e;
+	}
+	return NULL;
+}
+
+int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_len,
+			  const struct tfab_wire_meta *meta)
+{
+	struct tfab_meta_entry *e = tfab__peer_meta_find(peer, key, key_len);
+	int rc;
+
+	if (e) {
+		e->meta = *meta;
+		return 0;
+	}
+	e = malloc(sizeof(*e) + key_len);
+	if (!e)
+		return -ENOMEM;
+	e->meta = *meta;
+	e->key_len = key_len;
+	memcpy(e->key, key, key_len);
+	rc = tfab__htable_insert(&peer->meta, &e->node, key_hash(key, key_len));
+	if (rc)
+		free(e);
+	return rc;
+}

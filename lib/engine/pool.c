@@ -1,0 +1,353 @@
+/*
+ * The registered pool for library-allocated destinations (see pool.h).
+ *
+ * Blocks come in power-of-two classes from 4 KiB; class k holds 4 KiB << k bytes. Each class
+ * has a LIFO free list (push and pop O(1)). A chained hash keyed by block address maps the
+ * pointer handed to the caller back to its block in O(1) on average; the block itself carries
+ * no header, since all of it is the tensor. The free lists, the hash and the counters are under
+ * the pool's mutex, because tfab__pool_free runs on any thread. Provider calls (register,
+ * deregister) happen only in alloc, trim and destroy, which the engine serialises, and never
+ * with the mutex held.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <tfab/status.h>
+
+#include "engine/pool.h"
+#include "util/log.h"
+
+#define SUBSYS "pool"
+
+#define POOL_MIN_SHIFT 12
+#define POOL_NCLASSES ((int)(sizeof(size_t) * 8) - POOL_MIN_SHIFT)
+#define POOL_ACCESS (TFAB_MR_REMOTE_WRITE | TFAB_MR_LOCAL_WRITE)
+
+struct pool_block {
+	void *buf;
+	size_t size;
+	int cls;
+	bool out; /* handed out; else on its free list */
+	struct tfab_mr *mr;
+	struct pool_block *next;  /* free list, or trim's victims */
+	struct pool_block *hnext; /* hash */
+};
+
+struct tfab_pool {
+	const struct tfab_provider_ops *ops;
+	struct tfab_ep *ep;
+	size_t max_cached;
+	size_t align;
+
+	pthread_mutex_t lock; /* everything below */
+	struct pool_block *free_list[POOL_NCLASSES];
+	struct pool_block **buckets;
+	size_t nbuckets; /* a power of two */
+	size_t nblocks;
+	struct tfab_pool_stats st;
+};
+
+/* The class of a request, or -1 when it is too large for any. */
+static int size_class(size_t len)
+{
+	int k = 0;
+
+	while (k < POOL_NCLASSES && ((size_t)1 << (POOL_MIN_SHIFT + k)) < len)
+		k++;
+	return k < POOL_NCLASSES ? k : -1;
+}
+
+static size_t hash_buf(const void *buf, size_t nbuckets)
+{
+	uint64_t x = (uint64_t)(uintptr_t)buf >> POOL_MIN_SHIFT;
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	return (size_t)x & (nbuckets - 1);
+}
+
+/* Lock held. Grows the table so one more block fits; the only allocation under the lock. */
+static int hash_reserve(struct tfab_pool *p)
+{
+	struct pool_block **nb, *b, *next;
+	size_t n, i, h;
+
+	if (p->nblocks + 1 <= p->nbuckets)
+		return 0;
+	n = p->nbuckets * 2;
+	nb = calloc(n, sizeof(*nb));
+	if (!nb)
+		return -ENOMEM;
+	for (i = 0; i < p->nbuckets; i++) {
+		for (b = p->buckets[i]; b; b = next) {
+			next = b->hnext;
+			h = hash_buf(b->buf, n);
+			b->hnext = nb[h];
+			nb[h] = b;
+		}
+	}
+	free(p->buckets);
+	p->buckets = nb;
+	p->nbuckets = n;
+	return 0;
+}
+
+static void hash_add(struct tfab_pool *p, struct pool_block *b)
+{
+	size_t h = hash_buf(b->buf, p->nbuckets);
+
+	b->hnext = p->buckets[h];
+	p->buckets[h] = b;
+	p->nblocks++;
+}
+
+static struct pool_block *hash_find(struct tfab_pool *p, const void *buf)
+{
+	struct pool_block *b;
+
+	for (b = p->buckets[hash_buf(buf, p->nbuckets)]; b; b = b->hnext)
+		if (b->buf == buf)
+			return b;
+	return NULL;
+}
+
+static void hash_del(struct tfab_pool *p, struct pool_block *b)
+{
+	struct pool_block **pp = &p->buckets[hash_buf(b->buf, p->nbuckets)];
+
+	while (*pp != b)
+		pp = &(*pp)->hnext;
+	*pp = b->hnext;
+	p->nblocks--;
+}
+
+/* Not under the lock: the block is in no list or table. */
+static void block_release(struct tfab_pool *p, struct pool_block *b)
+{
+	int rc = p->ops->mr_dereg(b->mr);
+
+	if (rc)
+		TFAB_WARN(SUBSYS, "deregistering a %zu-byte block: %s", b->size, tfab_strerror(rc));
+	free(b->buf);
+	free(b);
+}
+
+int tfab__pool_create(const struct tfab_provider_ops *ops, struct tfab_ep *ep, size_t max_cached,
+		      struct tfab_pool **pool_p)
+{
+	struct tfab_pool *p;
+	long pg;
+	int rc;
+
+	if (!ops || !ops->mr_reg || !ops->mr_dereg || !pool_p)
+		return -EINVAL;
+	p = calloc(1, sizeof(*p));
+	if (!p) {
+		rc = -ENOMEM;
+		goto err_pool;
+	}
+	p->nbuckets = 64;
+	p->buckets = calloc(p->nbuckets, sizeof(*p->buckets));
+	if (!p->buckets) {
+		rc = -ENOMEM;
+		goto err_buckets;
+	}
+	rc = -pthread_mutex_init(&p->lock, NULL);
+	if (rc)
+		goto err_lock;
+	pg = sysconf(_SC_PAGESIZE);
+	p->align = (pg > 0 && !(pg & (pg - 1))) ? (size_t)pg : 4096;
+	p->ops = ops;
+	p->ep = ep;
+	p->max_cached = max_cached;
+	*pool_p = p;
+	return 0;
+
+err_lock:
+	free(p->buckets);
+err_buckets:
+	free(p);
+err_pool:
+	return rc;
+}
+
+int tfab__pool_destroy(struct tfab_pool *p)
+{
+	struct pool_block *b, *next;
+	int k;
+
+	if (!p)
+		return 0;
+	pthread_mutex_lock(&p->lock);
+	if (p->st.blocks_out) {
+		pthread_mutex_unlock(&p->lock);
+		return -EBUSY;
+	}
+	pthread_mutex_unlock(&p->lock);
+	/* Nothing is out, so no other thread can still be freeing into the pool. */
+	for (k = 0; k < POOL_NCLASSES; k++) {
+		for (b = p->free_list[k]; b; b = next) {
+			next = b->next;
+			block_release(p, b);
+		}
+	}
+	pthread_mutex_destroy(&p->lock);
+	free(p->buckets);
+	free(p);
+	return 0;
+}
+
+int tfab__pool_alloc(struct tfab_pool *p, size_t len, void **buf_p, struct tfab_mr **mr_p)
+{
+	struct pool_block *b;
+	int cls, rc;
+
+	if (!p || !buf_p || !mr_p)
+		return -EINVAL;
+	cls = size_class(len);
+	if (cls < 0)
+		return -ENOMEM;
+
+	pthread_mutex_lock(&p->lock);
+	b = p->free_list[cls];
+	if (b) {
+		p->free_list[cls] = b->next;
+		b->next = NULL;
+		b->out = true;
+		p->st.bytes_cached -= b->size;
+		p->st.blocks_out++;
+		p->st.allocs++;
+		p->st.reuses++;
+		pthread_mutex_unlock(&p->lock);
+		*buf_p = b->buf;
+		*mr_p = b->mr;
+		return 0;
+	}
+	pthread_mutex_unlock(&p->lock);
+
+	b = calloc(1, sizeof(*b));
+	if (!b) {
+		rc = -ENOMEM;
+		goto err_block;
+	}
+	b->cls = cls;
+	b->size = (size_t)1 << (POOL_MIN_SHIFT + cls);
+	rc = -posix_memalign(&b->buf, p->align, b->size);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "allocating a %zu-byte block: %s", b->size, tfab_strerror(rc));
+		goto err_mem;
+	}
+	rc = p->ops->mr_reg(p->ep, b->buf, b->size, POOL_ACCESS, &b->mr);
+	if (rc)
+		goto err_reg;
+
+	pthread_mutex_lock(&p->lock);
+	rc = hash_reserve(p);
+	if (rc) {
+		pthread_mutex_unlock(&p->lock);
+		goto err_hash;
+	}
+	b->out = true;
+	hash_add(p, b);
+	p->st.registrations++;
+	p->st.blocks_out++;
+	p->st.allocs++;
+	pthread_mutex_unlock(&p->lock);
+	*buf_p = b->buf;
+	*mr_p = b->mr;
+	return 0;
+
+err_hash:
+	p->ops->mr_dereg(b->mr);
+err_reg:
+	free(b->buf);
+err_mem:
+	free(b);
+err_block:
+	return rc;
+}
+
+void tfab__pool_free(struct tfab_pool *p, void *buf)
+{
+	struct pool_block *b;
+
+	if (!p || !buf)
+		return;
+	pthread_mutex_lock(&p->lock);
+	b = hash_find(p, buf);
+	if (!b || !b->out) {
+		pthread_mutex_unlock(&p->lock);
+		TFAB_ERROR(SUBSYS, "%p is %s; ignored", buf,
+			   b ? "already free (freed twice?)" : "not a block of this pool");
+		return;
+	}
+	b->out = false;
+	b->next = p->free_list[b->cls];
+	p->free_list[b->cls] = b;
+	p->st.bytes_cached += b->size;
+	p->st.blocks_out--;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void tfab__pool_trim(struct tfab_pool *p)
+{
+	struct pool_block *victims = NULL, *b;
+	int k = POOL_NCLASSES - 1;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	while (p->st.bytes_cached > p->max_cached) {
+		while (k >= 0 && !p->free_list[k])
+			k--;
+		if (k < 0)
+			break; /* not reached: bytes_cached counts listed blocks */
+		b = p->free_list[k];
+		p->free_list[k] = b->next;
+		hash_del(p, b);
+		p->st.bytes_cached -= b->size;
+		b->next = victims;
+		victims = b;
+	}
+	pthread_mutex_unlock(&p->lock);
+	/* Out of every list and table: a concurrent free of these pointers is a foreign one. */
+	while (victims) {
+		b = victims;
+		victims = b->next;
+		block_release(p, b);
+	}
+}
+
+void tfab__pool_get_stats(struct tfab_pool *p, struct tfab_pool_stats *s)
+{
+	if (!p) {
+		*s = (struct tfab_pool_stats){0};
+		return;
+	}
+	pthread_mutex_lock(&p->lock);
+	*s = p->st;
+	pthread_mutex_unlock(&p->lock);
+}
+
+void tfab__pool_discard(struct tfab_pool *p, void *buf)
+{
+	struct pool_block *b;
+
+	if (!p || !buf)
+		return;
+	pthread_mutex_lock(&p->lock);
+	b = hash_find(p, buf);
+	if (!b || !b->out) {
+		pthread_mutex_unlock(&p->lock);
+		TFAB_ERROR(SUBSYS, "%p is not a block of this pool in use; not discarded", buf);
+		return;
+	}
+	hash_del(p, b);
+	p->st.blocks_out--;
+	pthread_mutex_unlock(&p->lock);
+	block_release(p, b);
+}

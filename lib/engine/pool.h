@@ -1,0 +1,56 @@
+/*
+ * The registered pool for destinations the library allocates (handed to the caller as a
+ * DLManagedTensor whose deleter returns the block). Blocks come in power-of-two size classes
+ * from 4 KiB, each registered once for remote writes and kept on a free list for reuse, up to
+ * a bound of cached bytes.
+ *
+ * Threads: tfab__pool_free may be called from any thread (a DLPack deleter) and never calls
+ * the provider; every other function is called under the engine's lock, and only they
+ * register or deregister.
+ */
+#ifndef TFAB_ENGINE_POOL_H
+#define TFAB_ENGINE_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "providers/provider.h"
+
+struct tfab_pool;
+
+struct tfab_pool_stats {
+	uint64_t allocs;	/* blocks handed out */
+	uint64_t reuses;	/* of which came from a free list */
+	uint64_t registrations; /* calls of ops->mr_reg */
+	uint64_t blocks_out;	/* handed out and not yet freed */
+	uint64_t bytes_cached;	/* in free blocks, still registered */
+};
+
+/* max_cached: bytes of free blocks kept registered; more is released. */
+int tfab__pool_create(const struct tfab_provider_ops *ops, struct tfab_ep *ep, size_t max_cached,
+		      struct tfab_pool **pool_p);
+
+/* Deregisters and frees everything. -EBUSY (nothing done) while blocks are out. */
+int tfab__pool_destroy(struct tfab_pool *p);
+
+/*
+ * A registered block of at least len bytes (len 0 gets the smallest block), page-aligned,
+ * with its registration (remote writes allowed). Outputs are written only on success.
+ */
+int tfab__pool_alloc(struct tfab_pool *p, size_t len, void **buf_p, struct tfab_mr **mr_p);
+
+/* Return a block from tfab__pool_alloc. Any thread; does not deregister. */
+void tfab__pool_free(struct tfab_pool *p, void *buf);
+
+/*
+ * Deregister and free a block at once instead of returning it (engine lock held): a peer may
+ * still write into it, so it must never be handed out again while registered.
+ */
+void tfab__pool_discard(struct tfab_pool *p, void *buf);
+
+/* Deregister and free returned blocks beyond the bound (engine lock held). */
+void tfab__pool_trim(struct tfab_pool *p);
+
+void tfab__pool_get_stats(struct tfab_pool *p, struct tfab_pool_stats *s);
+
+#endif

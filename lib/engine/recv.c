@@ -1,0 +1,466 @@
+/*
+ * The receiver: a request holds the whole receive cycle. It starts from the meta-data cache
+ * (allocate the destination, send TENSOR_REQUEST), takes a META_DATA reply (update the cache,
+ * reallocate, request again), and ends when the content write's immediate names it, or with a
+ * status (an ERROR reply, the peer's failure, a cleanup, an abort, a timeout).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tfab/status.h>
+
+#include "engine/engine.h"
+#include "util/log.h"
+#include "util/time.h"
+
+#define SUBSYS TFAB_ENGINE_SUBSYS
+#define REQ_SLOT_BITS 20
+#define REQ_SLOT_MASK ((1u << REQ_SLOT_BITS) - 1)
+#define REQ_GEN_MASK 0x7ffu
+
+static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
+{
+	uint32_t slot;
+
+	if (!ctx->req_nfree) {
+		uint32_t cap = ctx->req_cap ? ctx->req_cap * 2 : 1024, old = ctx->req_cap;
+		struct tfab_request **reqs;
+		uint16_t *gen;
+		uint32_t *fr;
+
+		if (cap > REQ_SLOT_MASK + 1)
+			cap = REQ_SLOT_MASK + 1;
+		if (cap == old)
+			return -ENOSPC;
+		reqs = realloc(ctx->reqs, cap * sizeof(*reqs));
+		if (!reqs)
+			return -ENOMEM;
+		ctx->reqs = reqs;
+		gen = realloc(ctx->req_gen, cap * sizeof(*gen));
+		if (!gen)
+			return -ENOMEM;
+		ctx->req_gen = gen;
+		fr = realloc(ctx->req_free, cap * sizeof(*fr));
+		if (!fr)
+			return -ENOMEM;
+		ctx->req_free = fr;
+		for (uint32_t i = old; i < cap; i++) {
+			ctx->reqs[i] = NULL;
+			ctx->req_gen[i] = 0;
+		}
+		/* Hand out low slots first. */
+		for (uint32_t i = cap; i > old; i--)
+			ctx->req_free[ctx->req_nfree++] = i - 1;
+		ctx->req_cap = cap;
+	}
+	slot = ctx->req_free[--ctx->req_nfree];
+	ctx->req_gen[slot] = (uint16_t)((ctx->req_gen[slot] + 1) & REQ_GEN_MASK);
+	ctx->reqs[slot] = r;
+	r->index = (uint32_t)ctx->req_gen[slot] << REQ_SLOT_BITS | slot;
+	return 0;
+}
+
+static void index_free(struct tfab_context *ctx, struct tfab_request *r)
+{
+	uint32_t slot = r->index & REQ_SLOT_MASK;
+
+	if (slot < ctx->req_cap && ctx->reqs[slot] == r) {
+		ctx->reqs[slot] = NULL;
+		ctx->req_free[ctx->req_nfree++] = slot;
+	}
+}
+
+static struct tfab_request *request_find(struct tfab_context *ctx, uint32_t index)
+{
+	uint32_t slot = index & REQ_SLOT_MASK;
+	struct tfab_request *r;
+
+	if (index & TFAB_IMM_CTRL || slot >= ctx->req_cap)
+		return NULL;
+	r = ctx->reqs[slot];
+	return r && r->index == index && r->state == TFAB_REQ_REQUESTED ? r : NULL;
+}
+
+/* Release the destination; discard=true when a peer may still write into it. */
+static void dest_release(struct tfab_request *r, bool discard)
+{
+	struct tfab_context *ctx = r->ctx;
+
+	if (r->dest_pool && r->dest) {
+		if (discard)
+			tfab__pool_discard(ctx->pool, r->dest);
+		else
+			tfab__pool_free(ctx->pool, r->dest);
+	} else if (r->dest_mr) {
+		if (discard)
+			tfab__mr_cache_invalidate(ctx->mr_cache, r->dest, r->dest_cap);
+		tfab__mr_cache_put(ctx->mr_cache, r->dest_mr);
+	}
+	r->dest = NULL;
+	r->dest_mr = NULL;
+	r->dest_pool = false;
+	r->dest_cap = 0;
+}
+
+static void request_done(struct tfab_request *r, int status)
+{
+	struct tfab_context *ctx = r->ctx;
+
+	r->state = TFAB_REQ_DONE;
+	r->status = status;
+	tfab__list_del(&r->link);
+	index_free(ctx, r);
+	tfab__list_add_tail(&ctx->done_reqs, &r->done_link);
+}
+
+void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
+{
+	bool exposed = r->dest_mr != NULL;
+
+	if (r->state == TFAB_REQ_DONE)
+		return;
+	if (tell_sender && !r->peer->failed) {
+		struct tfab_wire_msg m = {.type = TFAB_MSG_CANCEL, .req_index = r->index};
+
+		tfab__peer_send_msg(r->peer, &m);
+	}
+	/* The sender may already be writing: never hand this memory out again registered. */
+	dest_release(r, exposed && !r->peer->failed);
+	request_done(r, status);
+}
+
+/* Size the destination for r->meta; r->meta_valid must be set. */
+static int dest_prepare(struct tfab_request *r)
+{
+	struct tfab_context *ctx = r->ctx;
+	uint64_t n = r->meta.nbytes;
+	int rc;
+
+	if (r->meta.is_dead || n == 0)
+		return 0;
+	if (r->user_dest) {
+		struct tfab_wire_meta um;
+		void *data;
+
+		rc = tfab__meta_from_dltensor(r->user_dest, false, &um, &data);
+		if (rc)
+			return rc;
+		if (um.dtype_code != r->meta.dtype_code || um.dtype_bits != r->meta.dtype_bits ||
+		    um.dtype_lanes != r->meta.dtype_lanes) {
+			TFAB_ERROR(SUBSYS,
+				   "receive of '%s': the destination's dtype (%u,%u,%u) is not "
+				   "the tensor's (%u,%u,%u)",
+				   r->key, um.dtype_code, um.dtype_bits, um.dtype_lanes,
+				   r->meta.dtype_code, r->meta.dtype_bits, r->meta.dtype_lanes);
+			return -EINVAL;
+		}
+		if (um.nbytes < n) {
+			TFAB_ERROR(SUBSYS,
+				   "receive of '%s': the destination holds %llu bytes, the tensor "
+				   "has %llu",
+				   r->key, (unsigned long long)um.nbytes, (unsigned long long)n);
+			return -EMSGSIZE;
+		}
+		rc = tfab__mr_cache_get(ctx->mr_cache, data, um.nbytes, TFAB_MR_REMOTE_WRITE,
+					&r->dest_mr);
+		if (rc)
+			return rc;
+		r->dest = data;
+		r->dest_cap = um.nbytes;
+		return 0;
+	}
+	rc = tfab__pool_alloc(ctx->pool, n, &r->dest, &r->dest_mr);
+	if (rc)
+		return rc;
+	r->dest_pool = true;
+	r->dest_cap = n;
+	return 0;
+}
+
+static int request_send(struct tfab_request *r, bool rerequest)
+{
+	struct tfab_wire_msg m = {
+	    .type = TFAB_MSG_TENSOR_REQUEST,
+	    .req_index = r->index,
+	    .step_id = r->step,
+	    .key_len = r->key_len,
+	    .key = (const uint8_t *)r->key,
+	};
+
+	if (r->meta_valid) {
+		m.flags |= TFAB_MSGF_META_VALID;
+		m.meta = r->meta;
+	}
+	if (rerequest) {
+		m.flags |= TFAB_MSGF_REREQUEST;
+		r->ctx->stats.rerequests++;
+	}
+	if (r->dest_mr) {
+		m.dest_raddr =
+		    r->dest_mr->raddr + (uint64_t)((char *)r->dest - (char *)r->dest_mr->addr);
+		m.dest_rkey = r->dest_mr->rkey;
+		m.dest_capacity = r->dest_cap;
+	}
+	return tfab__peer_send_msg(r->peer, &m);
+}
+
+static void request_complete(struct tfab_request *r, uint64_t nbytes)
+{
+	struct tfab_context *ctx = r->ctx;
+
+	ctx->stats.requests++;
+	ctx->stats.bytes_received += nbytes;
+	r->is_dead = r->meta.is_dead;
+	if (!r->user_dest && !r->is_dead) {
+		r->out = tfab__managed_new(ctx, &r->meta, r->dest_pool ? r->dest : NULL);
+		if (!r->out) {
+			dest_release(r, false);
+			request_done(r, -ENOMEM);
+			return;
+		}
+		/* The managed tensor owns the block now. */
+		r->dest = NULL;
+		r->dest_mr = NULL;
+		r->dest_pool = false;
+	}
+	dest_release(r, false);
+	request_done(r, 0);
+}
+
+void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len)
+{
+	struct tfab_request *r = request_find(ctx, index);
+
+	if (!r || !r->dest_mr) {
+		TFAB_DEBUG(SUBSYS, "content for request %#x, which is not waiting: dropped", index);
+		return;
+	}
+	if (len && len != r->meta.nbytes) {
+		TFAB_ERROR(SUBSYS, "receive of '%s': %llu bytes landed, %llu expected", r->key,
+			   (unsigned long long)len, (unsigned long long)r->meta.nbytes);
+		tfab__request_fail(r, -TFAB_ERR_PROTOCOL, true);
+		return;
+	}
+	request_complete(r, r->meta.nbytes);
+}
+
+void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
+	struct tfab_request *r = request_find(peer->ctx, m->req_index);
+	int rc;
+
+	if (!r || r->peer != peer) {
+		TFAB_DEBUG(SUBSYS, "a reply for request %#x, which is not waiting: dropped",
+			   m->req_index);
+		return;
+	}
+	if (m->type == TFAB_MSG_ERROR) {
+		TFAB_WARN(SUBSYS, "receive of '%s' step %lld: the sender failed it: %s (%.*s)",
+			  r->key, (long long)r->step, tfab_strerror(m->status), (int)m->errmsg_len,
+			  m->errmsg ? m->errmsg : "");
+		tfab__request_fail(r, m->status, false);
+		return;
+	}
+	/* META_DATA: the sender's tensor differs from what we asked for, or needs no content. */
+	rc = tfab__peer_meta_store(peer, r->key, r->key_len, &m->meta);
+	if (rc) {
+		tfab__request_fail(r, rc, true);
+		return;
+	}
+	dest_release(r, false); /* the sender does not write into a mismatched destination */
+	r->meta = m->meta;
+	r->meta_valid = true;
+	if (m->flags & TFAB_MSGF_COMPLETE) {
+		request_complete(r, 0);
+		return;
+	}
+	rc = dest_prepare(r);
+	if (rc == 0)
+		rc = request_send(r, true);
+	if (rc)
+		tfab__request_fail(r, rc, true);
+}
+
+static int check_key(const char *key, size_t *len_p)
+{
+	size_t len;
+
+	if (!key)
+		return -EINVAL;
+	len = strnlen(key, TFAB_MAX_KEY + 1);
+	if (len == 0)
+		return -EINVAL;
+	if (len > TFAB_MAX_KEY) {
+		TFAB_ERROR(SUBSYS, "a key longer than %d bytes", TFAB_MAX_KEY);
+		return -ENAMETOOLONG;
+	}
+	*len_p = len;
+	return 0;
+}
+
+static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		      int64_t step, DLTensor *dest, tfab_recv_cb cb, void *arg, bool sync,
+		      struct tfab_request **r_p)
+{
+	struct tfab_meta_entry *e;
+	struct tfab_request *r;
+	struct tfab_wire_meta um;
+	size_t key_len;
+	void *data;
+	int rc;
+
+	if (!ctx || !peer || !cb || peer->ctx != ctx)
+		return -EINVAL;
+	rc = check_key(key, &key_len);
+	if (rc)
+		return rc;
+	if (dest) {
+		rc = tfab__meta_from_dltensor(dest, false, &um, &data);
+		if (rc)
+			return rc;
+	}
+	if (ctx->abort_status)
+		return ctx->abort_status;
+	if (peer->failed)
+		return peer->failed;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->ctx = ctx;
+	r->peer = peer;
+	r->step = step;
+	r->key_len = (uint16_t)key_len;
+	memcpy(r->key, key, key_len);
+	r->user_dest = dest;
+	r->cb = cb;
+	r->arg = arg;
+	r->sync = sync;
+	r->state = TFAB_REQ_REQUESTED;
+	tfab__list_init(&r->link);
+	tfab__list_init(&r->done_link);
+	rc = index_alloc(ctx, r);
+	if (rc) {
+		free(r);
+		return rc;
+	}
+	e = tfab__peer_meta_find(peer, key, (uint16_t)key_len);
+	if (e) {
+		ctx->stats.meta_hits++;
+		r->meta = e->meta;
+		r->meta_valid = true;
+	} else {
+		ctx->stats.meta_misses++;
+	}
+	/* A caller's destination says what it expects: ask for exactly that. */
+	if (dest) {
+		r->meta = um;
+		r->meta_valid = true;
+	}
+	rc = r->meta_valid ? dest_prepare(r) : 0;
+	if (rc == 0)
+		rc = request_send(r, false);
+	if (rc) {
+		dest_release(r, false);
+		index_free(ctx, r);
+		free(r);
+		return rc;
+	}
+	tfab__list_add_tail(&peer->requests, &r->link);
+	if (r_p)
+		*r_p = r;
+	return 0;
+}
+
+int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
+	      DLTensor *dest, tfab_recv_cb cb, void *arg)
+{
+	int rc;
+
+	if (!ctx)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	rc = recv_start(ctx, peer, key, step_id, dest, cb, arg, false, NULL);
+	if (rc == 0)
+		tfab__peers_flush(ctx);
+	tfab__ctx_unlock(ctx);
+	return rc;
+}
+
+struct sync_wait {
+	int done; /* atomic */
+	int status;
+	DLManagedTensor *tensor;
+	bool is_dead;
+};
+
+static void sync_cb(void *arg, int status, DLManagedTensor *tensor, bool is_dead)
+{
+	struct sync_wait *w = arg;
+
+	w->status = status;
+	w->tensor = tensor;
+	w->is_dead = is_dead;
+	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+}
+
+static bool sync_done(struct sync_wait *w)
+{
+	return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* Wait for w, driving progress unless the progress thread does; false at the deadline. */
+static bool sync_wait_until(struct tfab_context *ctx, struct sync_wait *w, uint64_t deadline)
+{
+	while (!sync_done(w) && tfab__now_ms() < deadline) {
+		if (ctx->thread_running) {
+			struct timespec ts = {0, 100000};
+
+			nanosleep(&ts, NULL);
+		} else {
+			tfab__ctx_lock(ctx);
+			tfab__progress_locked(ctx);
+			tfab__ctx_unlock(ctx);
+		}
+	}
+	return sync_done(w);
+}
+
+int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		   int64_t step_id, DLTensor *dest, int timeout_ms, DLManagedTensor **tensor_p,
+		   bool *is_dead_p)
+{
+	struct sync_wait w = {0};
+	struct tfab_request *r = NULL;
+	uint64_t deadline;
+	int rc;
+
+	if (!ctx || timeout_ms < 0)
+		return -EINVAL;
+	tfab__ctx_lock(ctx);
+	rc = recv_start(ctx, peer, key, step_id, dest, sync_cb, &w, true, &r);
+	if (rc == 0)
+		tfab__peers_flush(ctx);
+	tfab__ctx_unlock(ctx);
+	if (rc)
+		return rc;
+	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	if (!sync_wait_until(ctx, &w, deadline)) {
+		/* Give up: the callback still runs (with -ETIMEDOUT) before w goes away. */
+		tfab__ctx_lock(ctx);
+		if (!sync_done(&w) && r->state != TFAB_REQ_DONE)
+			tfab__request_fail(r, -ETIMEDOUT, true);
+		tfab__ctx_unlock(ctx);
+		sync_wait_until(ctx, &w, UINT64_MAX);
+	}
+	if (w.status == 0) {
+		if (tensor_p)
+			*tensor_p = w.tensor;
+		else if (w.tensor)
+			w.tensor->deleter(w.tensor);
+		if (is_dead_p)
+			*is_dead_p = w.is_dead;
+	}
+	return w.status;
+}

@@ -1,0 +1,427 @@
+/*
+ * The sender: sends wait in a table by (key, step); requests that come before their send are
+ * parked by the same key. When both are there, the request's cached meta-data decides: equal,
+ * and the content is written straight from the source tensor into the receiver's destination
+ * with the request index as immediate; different (or a first request), and META_DATA goes
+ * back instead. Dead and empty tensors complete with META_DATA alone.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tfab/status.h>
+
+#include "engine/engine.h"
+#include "util/log.h"
+
+#define SUBSYS TFAB_ENGINE_SUBSYS
+
+uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step)
+{
+	return tfab__hash_bytes(&step, sizeof(step), tfab__hash_bytes(key, key_len, 0));
+}
+
+static bool same_key(const char *a, uint16_t alen, int64_t astep, const char *b, uint16_t blen,
+		     int64_t bstep)
+{
+	return astep == bstep && alen == blen && memcmp(a, b, alen) == 0;
+}
+
+static struct tfab_send *send_find(struct tfab_context *ctx, const char *key, uint16_t key_len,
+				   int64_t step)
+{
+	uint64_t h = tfab__send_hash(key, key_len, step);
+
+	for (struct tfab_hnode *n = tfab__htable_first(&ctx->sends, h); n;
+	     n = tfab__htable_next(n, h)) {
+		struct tfab_send *s = tfab_container_of(n, struct tfab_send, node);
+
+		if (same_key(s->key, s->key_len, s->step, key, key_len, step))
+			return s;
+	}
+	return NULL;
+}
+
+static struct tfab_response *parked_find(struct tfab_context *ctx, const char *key,
+					 uint16_t key_len, int64_t step)
+{
+	uint64_t h = tfab__send_hash(key, key_len, step);
+	struct tfab_response *found = NULL;
+
+	/* Chains are newest first: the last match is the oldest request. */
+	for (struct tfab_hnode *n = tfab__htable_first(&ctx->parked, h); n;
+	     n = tfab__htable_next(n, h)) {
+		struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
+
+		if (same_key(p->key, p->key_len, p->step, key, key_len, step))
+			found = p;
+	}
+	return found;
+}
+
+static void reply_error(struct tfab_peer *peer, uint32_t req_index, int status, const char *why)
+{
+	struct tfab_wire_msg m = {
+	    .type = TFAB_MSG_ERROR,
+	    .req_index = req_index,
+	    .status = status < 0 ? status : -TFAB_ERR_REMOTE,
+	    .errmsg = why,
+	    .errmsg_len = (uint16_t)strnlen(why, TFAB_WIRE_MAX_ERRMSG),
+	};
+
+	if (!peer->failed)
+		tfab__peer_send_msg(peer, &m);
+}
+
+/*
+ * Take s out of the table and queue its callback. A send failed while its write is in
+ * flight stays allocated until the write completes (see tfab__ctx_unlock and
+ * tfab__send_on_write_done); its registration is released then.
+ */
+static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int status)
+{
+	if (s->state == TFAB_SEND_DONE)
+		return;
+	tfab__htable_remove(&ctx->sends, &s->node);
+	tfab__list_del(&s->link);
+	s->state = TFAB_SEND_DONE;
+	s->status = status;
+	if (status == 0)
+		ctx->stats.sends++;
+	if (s->mr && !s->in_flight) {
+		tfab__mr_cache_put(ctx->mr_cache, s->mr);
+		s->mr = NULL;
+	}
+	tfab__list_add_tail(&ctx->done_sends, &s->done_link);
+}
+
+static int post_content(struct tfab_context *ctx, struct tfab_send *s)
+{
+	struct tfab_peer *peer = s->resp.peer;
+	int rc;
+
+	rc =
+	    ctx->ops->write_imm(ctx->ep, peer->conn, s->data, s->meta.nbytes, s->mr,
+				s->resp.dest_raddr, s->resp.dest_rkey, s->resp.req_index, 0, &s->w);
+	if (rc == 0) {
+		s->in_flight = true;
+		peer->users++;
+	}
+	return rc;
+}
+
+/* Answer the request in s->resp. */
+static void answer(struct tfab_context *ctx, struct tfab_send *s)
+{
+	struct tfab_response *q = &s->resp;
+	struct tfab_peer *peer = q->peer;
+	bool no_content = s->meta.is_dead || s->meta.nbytes == 0;
+	int rc;
+
+	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
+	    q->dest_capacity >= s->meta.nbytes && !no_content) {
+		s->state = TFAB_SEND_WRITING;
+		rc = tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes, TFAB_MR_LOCAL_WRITE,
+					&s->mr);
+		if (rc == 0) {
+			rc = post_content(ctx, s);
+			if (rc == -EAGAIN) {
+				tfab__list_add_tail(&ctx->writes_pending, &s->link);
+				return;
+			}
+		}
+		if (rc) {
+			reply_error(peer, q->req_index, rc,
+				    "the sender could not write the tensor");
+			send_finish(ctx, s, rc);
+		}
+		return;
+	}
+	/* Meta-data first: the receiver (re)allocates and asks again, or is done. */
+	struct tfab_wire_msg m = {
+	    .type = TFAB_MSG_META_DATA,
+	    .req_index = q->req_index,
+	    .meta = s->meta,
+	    .flags = no_content ? TFAB_MSGF_COMPLETE : 0,
+	};
+
+	rc = tfab__peer_send_msg(peer, &m);
+	if (rc) {
+		send_finish(ctx, s, rc);
+		return;
+	}
+	if (no_content)
+		send_finish(ctx, s, 0);
+	else
+		s->state = TFAB_SEND_WAITING;
+}
+
+static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
+	struct tfab_response *p = calloc(1, sizeof(*p));
+
+	if (!p) {
+		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
+		return;
+	}
+	p->peer = peer;
+	p->req_index = m->req_index;
+	p->flags = m->flags;
+	p->step = m->step_id;
+	p->dest_raddr = m->dest_raddr;
+	p->dest_rkey = m->dest_rkey;
+	p->dest_capacity = m->dest_capacity;
+	p->meta = m->meta;
+	p->key_len = m->key_len;
+	memcpy(p->key, m->key, m->key_len);
+	if (tfab__htable_insert(&ctx->parked, &p->node,
+				tfab__send_hash(p->key, p->key_len, p->step))) {
+		free(p);
+		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
+	}
+}
+
+void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
+	struct tfab_context *ctx = peer->ctx;
+	struct tfab_send *s;
+
+	if (ctx->abort_status) {
+		reply_error(peer, m->req_index, ctx->abort_status, "the sender aborted");
+		return;
+	}
+	s = send_find(ctx, (const char *)m->key, m->key_len, m->step_id);
+	if (!s || s->state != TFAB_SEND_WAITING) {
+		park(ctx, peer, m);
+		return;
+	}
+	s->resp.peer = peer;
+	s->resp.req_index = m->req_index;
+	s->resp.flags = m->flags;
+	s->resp.step = m->step_id;
+	s->resp.dest_raddr = m->dest_raddr;
+	s->resp.dest_rkey = m->dest_rkey;
+	s->resp.dest_capacity = m->dest_capacity;
+	s->resp.meta = m->meta;
+	answer(ctx, s);
+}
+
+void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index)
+{
+	struct tfab_context *ctx = peer->ctx;
+
+	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
+		for (struct tfab_hnode *n = ctx->parked.buckets[i]; n; n = n->next) {
+			struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
+
+			if (p->peer == peer && p->req_index == req_index) {
+				tfab__htable_remove(&ctx->parked, n);
+				free(p);
+				return;
+			}
+		}
+	}
+}
+
+void tfab__send_on_write_done(struct tfab_send *s, int status)
+{
+	struct tfab_peer *peer = s->resp.peer;
+	struct tfab_context *ctx = peer->ctx;
+
+	s->in_flight = false;
+	peer->users--;
+	if (s->state == TFAB_SEND_DONE) {
+		/* Failed while in flight: its callback has run (orphan) or is queued. */
+		if (s->mr)
+			tfab__mr_cache_put(ctx->mr_cache, s->mr);
+		s->mr = NULL;
+		if (s->orphan) {
+			ctx->orphans--;
+			free(s);
+		}
+		return;
+	}
+	if (status) {
+		TFAB_WARN(SUBSYS, "writing '%s' step %lld failed: %s", s->key, (long long)s->step,
+			  tfab_strerror(status));
+		reply_error(peer, s->resp.req_index, status, "the content write failed");
+	} else {
+		ctx->stats.bytes_sent += s->meta.nbytes;
+	}
+	send_finish(ctx, s, status);
+}
+
+void tfab__sends_retry(struct tfab_context *ctx)
+{
+	while (!tfab__list_empty(&ctx->writes_pending)) {
+		struct tfab_send *s =
+		    tfab_container_of(ctx->writes_pending.next, struct tfab_send, link);
+		int rc = post_content(ctx, s);
+
+		if (rc == -EAGAIN)
+			return;
+		tfab__list_del(&s->link);
+		if (rc) {
+			reply_error(s->resp.peer, s->resp.req_index, rc,
+				    "the content write failed");
+			send_finish(ctx, s, rc);
+		}
+	}
+}
+
+void tfab__send_fail(struct tfab_send *s, int status)
+{
+	struct tfab_context *ctx = s->resp.peer ? s->resp.peer->ctx : NULL;
+
+	if (ctx)
+		send_finish(ctx, s, status);
+}
+
+/* Every send and parked request matching the filter. */
+static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_send *, void *),
+			   void *arg, int status)
+{
+	for (size_t i = 0; i < ctx->sends.nbuckets; i++) {
+		struct tfab_hnode *n = ctx->sends.buckets[i], *next;
+
+		for (; n; n = next) {
+			struct tfab_send *s = tfab_container_of(n, struct tfab_send, node);
+
+			next = n->next;
+			if (match(s, arg))
+				send_finish(ctx, s, status);
+		}
+	}
+}
+
+struct peer_filter {
+	struct tfab_peer *peer;
+};
+
+static bool writing_to(struct tfab_send *s, void *arg)
+{
+	return s->state == TFAB_SEND_WRITING && s->resp.peer == ((struct peer_filter *)arg)->peer;
+}
+
+void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status)
+{
+	struct peer_filter f = {peer};
+
+	sends_for_each(ctx, writing_to, &f, status);
+	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
+		struct tfab_hnode *n = ctx->parked.buckets[i], *next;
+
+		for (; n; n = next) {
+			struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
+
+			next = n->next;
+			if (p->peer == peer) {
+				tfab__htable_remove(&ctx->parked, n);
+				free(p);
+			}
+		}
+	}
+}
+
+struct step_filter {
+	bool all;
+	int64_t step;
+};
+
+static bool of_step(struct tfab_send *s, void *arg)
+{
+	struct step_filter *f = arg;
+
+	/* A write already posted finishes on its own; everything else fails now. */
+	return (f->all || s->step == f->step) && !s->in_flight;
+}
+
+void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status)
+{
+	struct step_filter f = {all, step};
+
+	sends_for_each(ctx, of_step, &f, status);
+	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
+		struct tfab_hnode *n = ctx->parked.buckets[i], *next;
+
+		for (; n; n = next) {
+			struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
+
+			next = n->next;
+			if (all || p->step == step) {
+				reply_error(p->peer, p->req_index, status,
+					    "the sender cleaned up or aborted the step");
+				tfab__htable_remove(&ctx->parked, n);
+				free(p);
+			}
+		}
+	}
+}
+
+int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
+	      bool is_dead, tfab_send_cb cb, void *arg)
+{
+	struct tfab_wire_meta meta;
+	struct tfab_response *p;
+	struct tfab_send *s;
+	size_t key_len;
+	void *data;
+	int rc;
+
+	if (!ctx || !key || !t || !cb)
+		return -EINVAL;
+	key_len = strnlen(key, TFAB_MAX_KEY + 1);
+	if (key_len == 0)
+		return -EINVAL;
+	if (key_len > TFAB_MAX_KEY) {
+		TFAB_ERROR(SUBSYS, "a key longer than %d bytes", TFAB_MAX_KEY);
+		return -ENAMETOOLONG;
+	}
+	rc = tfab__meta_from_dltensor(t, is_dead, &meta, &data);
+	if (rc)
+		return rc;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->w.kind = TFAB_WCTX_CONTENT;
+	s->step = step_id;
+	s->key_len = (uint16_t)key_len;
+	memcpy(s->key, key, key_len);
+	s->data = data;
+	s->meta = meta;
+	s->cb = cb;
+	s->arg = arg;
+	s->state = TFAB_SEND_WAITING;
+	tfab__list_init(&s->link);
+	tfab__list_init(&s->done_link);
+
+	tfab__ctx_lock(ctx);
+	if (ctx->abort_status) {
+		rc = ctx->abort_status;
+		goto err;
+	}
+	if (send_find(ctx, key, (uint16_t)key_len, step_id)) {
+		TFAB_ERROR(SUBSYS, "'%s' step %lld is already being sent", key, (long long)step_id);
+		rc = -EEXIST;
+		goto err;
+	}
+	rc = tfab__htable_insert(&ctx->sends, &s->node,
+				 tfab__send_hash(key, (uint16_t)key_len, step_id));
+	if (rc)
+		goto err;
+	p = parked_find(ctx, key, (uint16_t)key_len, step_id);
+	if (p) {
+		tfab__htable_remove(&ctx->parked, &p->node);
+		s->resp = *p;
+		free(p);
+		answer(ctx, s);
+		tfab__peers_flush(ctx);
+	}
+	tfab__ctx_unlock(ctx);
+	return 0;
+err:
+	tfab__ctx_unlock(ctx);
+	free(s);
+	return rc;
+}

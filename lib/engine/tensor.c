@@ -1,0 +1,117 @@
+/* DLPack tensors: validation, meta-data, and the library-allocated DLManagedTensor. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tfab/status.h>
+
+#include "engine/engine.h"
+#include "util/log.h"
+
+uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p)
+{
+	uint64_t n =
+	    ((uint64_t)meta->dtype_bits * (meta->dtype_lanes ? meta->dtype_lanes : 1) + 7) / 8;
+
+	*overflow_p = false;
+	for (unsigned i = 0; i < meta->ndim; i++) {
+		uint64_t d = (uint64_t)meta->shape[i];
+
+		if (meta->shape[i] < 0 || (d && n > UINT64_MAX / d)) {
+			*overflow_p = true;
+			return 0;
+		}
+		n *= d;
+	}
+	return n;
+}
+
+int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
+			     void **data_p)
+{
+	int64_t expect = 1;
+	bool overflow;
+
+	if (!t)
+		return -EINVAL;
+	if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
+		TFAB_ERROR(
+		    TFAB_ENGINE_SUBSYS,
+		    "a tensor on device type %d: only CPU and CUDA host memory are supported",
+		    (int)t->device.device_type);
+		return -EOPNOTSUPP;
+	}
+	if (t->ndim < 0 || t->ndim > TFAB_MAX_DIMS) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS, "a tensor of %d dimensions (at most %d)", t->ndim,
+			   TFAB_MAX_DIMS);
+		return -EINVAL;
+	}
+	if (t->dtype.bits == 0 || t->dtype.lanes == 0 || (t->ndim && !t->shape))
+		return -EINVAL;
+	memset(meta, 0, sizeof(*meta));
+	meta->dtype_code = t->dtype.code;
+	meta->dtype_bits = t->dtype.bits;
+	meta->dtype_lanes = t->dtype.lanes;
+	meta->is_dead = is_dead;
+	meta->ndim = (uint8_t)t->ndim;
+	for (int i = t->ndim - 1; i >= 0; i--) {
+		if (t->shape[i] < 0)
+			return -EINVAL;
+		meta->shape[i] = t->shape[i];
+		/* Compact row-major only: strides NULL, or exactly the row-major ones. */
+		if (t->strides && t->shape[i] != 1 && t->strides[i] != expect) {
+			TFAB_ERROR(
+			    TFAB_ENGINE_SUBSYS,
+			    "a tensor with strides: only compact row-major tensors are supported");
+			return -EINVAL;
+		}
+		expect *= t->shape[i];
+	}
+	meta->nbytes = tfab__meta_nbytes(meta, &overflow);
+	if (overflow)
+		return -EOVERFLOW;
+	if (meta->nbytes && !t->data && !is_dead)
+		return -EINVAL;
+	*data_p = t->data ? (char *)t->data + t->byte_offset : NULL;
+	return 0;
+}
+
+/* A DLManagedTensor and its shape in one allocation; its deleter returns the block. */
+struct tfab_managed {
+	DLManagedTensor dl;
+	struct tfab_context *ctx;
+	int64_t shape[TFAB_MAX_DIMS];
+};
+
+static void managed_delete(DLManagedTensor *dl)
+{
+	struct tfab_managed *m = (struct tfab_managed *)dl;
+	struct tfab_context *ctx = m->ctx;
+
+	if (m->dl.dl_tensor.data)
+		tfab__pool_free(ctx->pool, m->dl.dl_tensor.data);
+	__atomic_fetch_sub(&ctx->managed_out, 1, __ATOMIC_RELEASE);
+	free(m);
+}
+
+DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
+				   void *data)
+{
+	struct tfab_managed *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	m->ctx = ctx;
+	memcpy(m->shape, meta->shape, sizeof(int64_t) * meta->ndim);
+	m->dl.dl_tensor.data = data;
+	m->dl.dl_tensor.device.device_type = kDLCPU;
+	m->dl.dl_tensor.ndim = meta->ndim;
+	m->dl.dl_tensor.dtype.code = meta->dtype_code;
+	m->dl.dl_tensor.dtype.bits = meta->dtype_bits;
+	m->dl.dl_tensor.dtype.lanes = meta->dtype_lanes;
+	m->dl.dl_tensor.shape = m->shape;
+	m->dl.manager_ctx = m;
+	m->dl.deleter = managed_delete;
+	__atomic_fetch_add(&ctx->managed_out, 1, __ATOMIC_RELAXED);
+	return &m->dl;
+}

@@ -1,0 +1,388 @@
+/*
+ * The wire protocol of doc/protocol.md: explicit little-endian packing of connection blobs and
+ * message slots. The decoders trust nothing they are given: every field is read through a
+ * bounded cursor, and a decoded message must pass the same validation the encoder applies, so
+ * whatever decodes re-encodes to the same bytes.
+ *
+ * Resolved details the document leaves open: reserved fields must be zero; each message type
+ * allows only its own flags; is_dead is 0 or 1; nbytes of a sub-byte dtype rounds the total
+ * bits up to whole bytes; a blob may be followed by bytes of the caller's (they are ignored).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include <tfab/status.h>
+
+#include "engine/wire.h"
+
+#define META_HDR 16
+#define REQ_FIXED 38
+#define ERR_FIXED 10
+
+static const uint16_t allowed_flags[] = {
+    [TFAB_MSG_TENSOR_REQUEST] = TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST,
+    [TFAB_MSG_META_DATA] = TFAB_MSGF_COMPLETE,
+    [TFAB_MSG_ERROR] = 0,
+    [TFAB_MSG_CANCEL] = 0,
+};
+
+/* Writing: the caller has checked the room, so the cursor only advances. */
+
+static uint8_t *put_le(uint8_t *p, uint64_t v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+	return p + n;
+}
+
+static uint8_t *put_bytes(uint8_t *p, const void *src, size_t n)
+{
+	if (n)
+		memcpy(p, src, n);
+	return p + n;
+}
+
+/* Reading: a short read marks the cursor bad and yields zeros from then on. */
+
+struct rd {
+	const uint8_t *p;
+	size_t left;
+	bool bad;
+};
+
+static uint64_t get_le(struct rd *r, size_t n)
+{
+	uint64_t v = 0;
+
+	if (r->bad || r->left < n) {
+		r->bad = true;
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++)
+		v |= (uint64_t)r->p[i] << (8 * i);
+	r->p += n;
+	r->left -= n;
+	return v;
+}
+
+static const uint8_t *get_bytes(struct rd *r, size_t n)
+{
+	const uint8_t *p = r->p;
+
+	if (r->bad || r->left < n) {
+		r->bad = true;
+		return NULL;
+	}
+	r->p += n;
+	r->left -= n;
+	return p;
+}
+
+/* Two's complement without relying on implementation-defined conversions. */
+static int64_t to_s64(uint64_t v)
+{
+	return v <= INT64_MAX ? (int64_t)v : -(int64_t)(~v) - 1;
+}
+
+static int32_t to_s32(uint32_t v)
+{
+	return v <= INT32_MAX ? (int32_t)v : -(int32_t)(~v) - 1;
+}
+
+static bool mul_u64(uint64_t a, uint64_t b, uint64_t *r_p)
+{
+	if (a != 0 && b > UINT64_MAX / a)
+		return false;
+	*r_p = a * b;
+	return true;
+}
+
+/* ---- Connection blob ---- */
+
+static bool blob_valid(uint16_t addr_len, uint32_t ring_slots, uint32_t slot_size, uint32_t peer_id)
+{
+	return addr_len >= 1 && addr_len <= TFAB_WIRE_MAX_ADDR && ring_slots >= 1 &&
+	       ring_slots <= TFAB_WIRE_MAX_SLOTS && slot_size >= TFAB_WIRE_MIN_SLOT &&
+	       peer_id <= TFAB_WIRE_MAX_PEER_ID;
+}
+
+int tfab__wire_blob_encode(const struct tfab_wire_blob *b, void *buf, size_t cap, size_t *len_p)
+{
+	size_t need;
+	uint8_t *p = buf;
+
+	if (!blob_valid(b->addr_len, b->ring_slots, b->slot_size, b->peer_id) || !b->addr)
+		return -EINVAL;
+	need = TFAB_WIRE_BLOB_HDR + (size_t)b->addr_len;
+	if (cap < need)
+		return -ENOSPC;
+
+	p = put_le(p, TFAB_WIRE_MAGIC, 4);
+	p = put_le(p, TFAB_WIRE_VERSION, 2);
+	p = put_le(p, b->addr_len, 2);
+	p = put_le(p, b->ring_raddr, 8);
+	p = put_le(p, b->ring_rkey, 8);
+	p = put_le(p, b->ring_slots, 4);
+	p = put_le(p, b->slot_size, 4);
+	p = put_le(p, b->peer_id, 4);
+	p = put_le(p, 0, 4);
+	put_bytes(p, b->addr, b->addr_len);
+	*len_p = need;
+	return 0;
+}
+
+int tfab__wire_blob_decode(const void *buf, size_t len, struct tfab_wire_blob *b)
+{
+	struct rd r = {.p = buf, .left = len};
+	struct tfab_wire_blob out = {0};
+	uint32_t magic, reserved;
+	uint16_t version;
+
+	/* The magic and version come first, so that a peer of another version is named as such
+	 * even when its blob is shaped differently. */
+	magic = (uint32_t)get_le(&r, 4);
+	if (r.bad || magic != TFAB_WIRE_MAGIC)
+		return -TFAB_ERR_PROTOCOL;
+	version = (uint16_t)get_le(&r, 2);
+	if (r.bad)
+		return -TFAB_ERR_PROTOCOL;
+	if (version != TFAB_WIRE_VERSION)
+		return -TFAB_ERR_VERSION;
+
+	out.addr_len = (uint16_t)get_le(&r, 2);
+	out.ring_raddr = get_le(&r, 8);
+	out.ring_rkey = get_le(&r, 8);
+	out.ring_slots = (uint32_t)get_le(&r, 4);
+	out.slot_size = (uint32_t)get_le(&r, 4);
+	out.peer_id = (uint32_t)get_le(&r, 4);
+	reserved = (uint32_t)get_le(&r, 4);
+	if (r.bad || reserved != 0 ||
+	    !blob_valid(out.addr_len, out.ring_slots, out.slot_size, out.peer_id))
+		return -TFAB_ERR_PROTOCOL;
+	out.addr = get_bytes(&r, out.addr_len);
+	if (r.bad)
+		return -TFAB_ERR_PROTOCOL;
+	*b = out;
+	return 0;
+}
+
+/* ---- Meta-data ---- */
+
+static size_t meta_size(const struct tfab_wire_meta *mt)
+{
+	return META_HDR + 8 * (size_t)mt->ndim;
+}
+
+static bool meta_valid(const struct tfab_wire_meta *mt)
+{
+	uint64_t elems = 1, bits, whole, rest;
+	bool empty = false;
+
+	if (mt->is_dead > 1 || mt->ndim > TFAB_MAX_DIMS)
+		return false;
+	for (unsigned i = 0; i < mt->ndim; i++) {
+		if (mt->shape[i] < 0)
+			return false;
+		if (mt->shape[i] == 0)
+			empty = true;
+	}
+	/* An empty tensor holds nothing, however large its other dimensions. */
+	if (empty) {
+		elems = 0;
+	} else {
+		for (unsigned i = 0; i < mt->ndim; i++)
+			if (!mul_u64(elems, (uint64_t)mt->shape[i], &elems))
+				return false;
+	}
+	/* ceil(elems * bits / 8) without overflowing on the way to a result that fits. */
+	bits = (uint64_t)mt->dtype_bits * mt->dtype_lanes;
+	if (!mul_u64(elems / 8, bits, &whole))
+		return false;
+	rest = (elems % 8 * bits + 7) / 8;
+	if (whole > UINT64_MAX - rest)
+		return false;
+	return mt->nbytes == whole + rest;
+}
+
+static uint8_t *put_meta(uint8_t *p, const struct tfab_wire_meta *mt)
+{
+	p = put_le(p, mt->dtype_code, 1);
+	p = put_le(p, mt->dtype_bits, 1);
+	p = put_le(p, mt->dtype_lanes, 2);
+	p = put_le(p, mt->is_dead, 1);
+	p = put_le(p, mt->ndim, 1);
+	p = put_le(p, 0, 2);
+	p = put_le(p, mt->nbytes, 8);
+	for (unsigned i = 0; i < mt->ndim; i++)
+		p = put_le(p, (uint64_t)mt->shape[i], 8);
+	return p;
+}
+
+static void get_meta(struct rd *r, struct tfab_wire_meta *mt)
+{
+	mt->dtype_code = (uint8_t)get_le(r, 1);
+	mt->dtype_bits = (uint8_t)get_le(r, 1);
+	mt->dtype_lanes = (uint16_t)get_le(r, 2);
+	mt->is_dead = (uint8_t)get_le(r, 1);
+	mt->ndim = (uint8_t)get_le(r, 1);
+	if (get_le(r, 2) != 0 || mt->ndim > TFAB_MAX_DIMS) {
+		r->bad = true;
+		return;
+	}
+	mt->nbytes = get_le(r, 8);
+	for (unsigned i = 0; i < mt->ndim; i++)
+		mt->shape[i] = to_s64(get_le(r, 8));
+}
+
+bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wire_meta *b)
+{
+	if (a->dtype_code != b->dtype_code || a->dtype_bits != b->dtype_bits ||
+	    a->dtype_lanes != b->dtype_lanes || a->is_dead != b->is_dead || a->ndim != b->ndim ||
+	    a->nbytes != b->nbytes)
+		return false;
+	for (unsigned i = 0; i < a->ndim && i < TFAB_MAX_DIMS; i++)
+		if (a->shape[i] != b->shape[i])
+			return false;
+	return true;
+}
+
+/* ---- Messages ---- */
+
+static bool has_meta(const struct tfab_wire_msg *m)
+{
+	return m->type == TFAB_MSG_META_DATA ||
+	       (m->type == TFAB_MSG_TENSOR_REQUEST && (m->flags & TFAB_MSGF_META_VALID));
+}
+
+/* The rules both sides apply; pointers are checked by the encoder only. */
+static bool msg_valid(const struct tfab_wire_msg *m)
+{
+	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_CANCEL)
+		return false;
+	if (m->flags & ~allowed_flags[m->type])
+		return false;
+	if (has_meta(m) && !meta_valid(&m->meta))
+		return false;
+	switch (m->type) {
+	case TFAB_MSG_TENSOR_REQUEST:
+		return m->key_len >= 1 && m->key_len <= TFAB_MAX_KEY;
+	case TFAB_MSG_ERROR:
+		return m->status < 0 && m->errmsg_len <= TFAB_WIRE_MAX_ERRMSG;
+	default:
+		return true;
+	}
+}
+
+static size_t msg_payload(const struct tfab_wire_msg *m)
+{
+	size_t n = has_meta(m) ? meta_size(&m->meta) : 0;
+
+	switch (m->type) {
+	case TFAB_MSG_TENSOR_REQUEST:
+		return REQ_FIXED + (size_t)m->key_len + n;
+	case TFAB_MSG_META_DATA:
+		return 4 + n;
+	case TFAB_MSG_ERROR:
+		return ERR_FIXED + (size_t)m->errmsg_len;
+	default:
+		return 4;
+	}
+}
+
+int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap, size_t *len_p)
+{
+	uint8_t *p = slot;
+	size_t payload, need;
+
+	if (!msg_valid(m))
+		return -EINVAL;
+	if (m->type == TFAB_MSG_TENSOR_REQUEST && !m->key)
+		return -EINVAL;
+	if (m->type == TFAB_MSG_ERROR && m->errmsg_len && !m->errmsg)
+		return -EINVAL;
+	payload = msg_payload(m);
+	need = TFAB_WIRE_MSG_HDR + payload;
+	if (cap < need)
+		return -ENOSPC;
+
+	p = put_le(p, TFAB_WIRE_VERSION, 1);
+	p = put_le(p, m->type, 1);
+	p = put_le(p, m->flags, 2);
+	p = put_le(p, payload, 4);
+	p = put_le(p, m->seq, 4);
+	p = put_le(p, 0, 4);
+	p = put_le(p, m->req_index, 4);
+	switch (m->type) {
+	case TFAB_MSG_TENSOR_REQUEST:
+		p = put_le(p, (uint64_t)m->step_id, 8);
+		p = put_le(p, m->dest_raddr, 8);
+		p = put_le(p, m->dest_rkey, 8);
+		p = put_le(p, m->dest_capacity, 8);
+		p = put_le(p, m->key_len, 2);
+		p = put_bytes(p, m->key, m->key_len);
+		if (m->flags & TFAB_MSGF_META_VALID)
+			put_meta(p, &m->meta);
+		break;
+	case TFAB_MSG_META_DATA:
+		put_meta(p, &m->meta);
+		break;
+	case TFAB_MSG_ERROR:
+		p = put_le(p, (uint32_t)m->status, 4);
+		p = put_le(p, m->errmsg_len, 2);
+		put_bytes(p, m->errmsg, m->errmsg_len);
+		break;
+	default:
+		break;
+	}
+	*len_p = need;
+	return 0;
+}
+
+int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m)
+{
+	struct rd r = {.p = slot, .left = len};
+	struct tfab_wire_msg out = {0};
+	uint32_t payload;
+
+	if (get_le(&r, 1) != TFAB_WIRE_VERSION)
+		return -TFAB_ERR_PROTOCOL;
+	out.type = (uint8_t)get_le(&r, 1);
+	out.flags = (uint16_t)get_le(&r, 2);
+	payload = (uint32_t)get_le(&r, 4);
+	out.seq = (uint32_t)get_le(&r, 4);
+	if (get_le(&r, 4) != 0 || r.bad || payload > r.left)
+		return -TFAB_ERR_PROTOCOL;
+	/* From here on only the declared payload counts; the rest of the slot is stale. */
+	r.left = payload;
+
+	out.req_index = (uint32_t)get_le(&r, 4);
+	switch (out.type) {
+	case TFAB_MSG_TENSOR_REQUEST:
+		out.step_id = to_s64(get_le(&r, 8));
+		out.dest_raddr = get_le(&r, 8);
+		out.dest_rkey = get_le(&r, 8);
+		out.dest_capacity = get_le(&r, 8);
+		out.key_len = (uint16_t)get_le(&r, 2);
+		out.key = get_bytes(&r, out.key_len);
+		if (out.flags & TFAB_MSGF_META_VALID)
+			get_meta(&r, &out.meta);
+		break;
+	case TFAB_MSG_META_DATA:
+		get_meta(&r, &out.meta);
+		break;
+	case TFAB_MSG_ERROR:
+		out.status = to_s32((uint32_t)get_le(&r, 4));
+		out.errmsg_len = (uint16_t)get_le(&r, 2);
+		out.errmsg = (const char *)get_bytes(&r, out.errmsg_len);
+		break;
+	case TFAB_MSG_CANCEL:
+		break;
+	default:
+		return -TFAB_ERR_PROTOCOL;
+	}
+	/* The payload length must be exactly what the fields need: no trailing bytes. */
+	if (r.bad || r.left != 0 || !msg_valid(&out))
+		return -TFAB_ERR_PROTOCOL;
+	*m = out;
+	return 0;
+}

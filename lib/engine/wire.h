@@ -1,0 +1,126 @@
+/*
+ * The wire protocol (doc/protocol.md): connection blobs, immediates, message slots. Encoding
+ * and decoding only; no state. Every decoder checks every length against the bytes it was
+ * given and returns -TFAB_ERR_PROTOCOL for anything malformed.
+ */
+#ifndef TFAB_ENGINE_WIRE_H
+#define TFAB_ENGINE_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TFAB_WIRE_VERSION 1
+#define TFAB_WIRE_MAGIC 0x42414654u
+#define TFAB_WIRE_BLOB_HDR 40
+#define TFAB_WIRE_MAX_ADDR 1024
+#define TFAB_WIRE_MSG_HDR 16
+#define TFAB_WIRE_MIN_SLOT 1024
+#define TFAB_WIRE_MAX_SLOTS 1024
+#define TFAB_MAX_KEY 512
+#define TFAB_MAX_DIMS 32
+#define TFAB_WIRE_MAX_ERRMSG 256
+#define TFAB_WIRE_MAX_PEER_ID ((1u << 20) - 1)
+
+/* Immediates. */
+#define TFAB_IMM_CTRL 0x80000000u
+#define TFAB_IMM_CREDIT 0x40000000u
+
+static inline uint32_t tfab__imm_msg(uint32_t peer_id, uint32_t slot)
+{
+	return TFAB_IMM_CTRL | peer_id << 10 | slot;
+}
+
+static inline uint32_t tfab__imm_credit(uint32_t peer_id, uint32_t n)
+{
+	return TFAB_IMM_CTRL | TFAB_IMM_CREDIT | peer_id << 10 | n;
+}
+
+static inline bool tfab__imm_is_ctrl(uint32_t imm)
+{
+	return (imm & TFAB_IMM_CTRL) != 0;
+}
+
+static inline bool tfab__imm_is_credit(uint32_t imm)
+{
+	return (imm & (TFAB_IMM_CTRL | TFAB_IMM_CREDIT)) == (TFAB_IMM_CTRL | TFAB_IMM_CREDIT);
+}
+
+static inline uint32_t tfab__imm_peer(uint32_t imm)
+{
+	return (imm >> 10) & TFAB_WIRE_MAX_PEER_ID;
+}
+
+static inline uint32_t tfab__imm_low(uint32_t imm)
+{
+	return imm & 0x3ffu;
+}
+
+/* The connection blob. */
+struct tfab_wire_blob {
+	uint64_t ring_raddr;
+	uint64_t ring_rkey;
+	uint32_t ring_slots;
+	uint32_t slot_size;
+	uint32_t peer_id;
+	uint16_t addr_len;
+	const uint8_t *addr; /* decode: points into the input */
+};
+
+/* Encode into buf (cap bytes); the length goes to *len_p. -ENOSPC if it does not fit. */
+int tfab__wire_blob_encode(const struct tfab_wire_blob *b, void *buf, size_t cap, size_t *len_p);
+/* -TFAB_ERR_VERSION for another version, -TFAB_ERR_PROTOCOL for anything malformed. */
+int tfab__wire_blob_decode(const void *buf, size_t len, struct tfab_wire_blob *b);
+
+enum tfab_wire_type {
+	TFAB_MSG_TENSOR_REQUEST = 1,
+	TFAB_MSG_META_DATA = 2,
+	TFAB_MSG_ERROR = 3,
+	TFAB_MSG_CANCEL = 4,
+};
+
+enum {
+	TFAB_MSGF_META_VALID = 1,
+	TFAB_MSGF_REREQUEST = 2,
+	TFAB_MSGF_COMPLETE = 4,
+};
+
+struct tfab_wire_meta {
+	uint8_t dtype_code;
+	uint8_t dtype_bits;
+	uint16_t dtype_lanes;
+	uint8_t is_dead;
+	uint8_t ndim;
+	uint64_t nbytes;
+	int64_t shape[TFAB_MAX_DIMS];
+};
+
+/* A decoded message; pointers point into the slot it was decoded from. */
+struct tfab_wire_msg {
+	uint8_t type;
+	uint16_t flags;
+	uint32_t seq;
+	uint32_t req_index;
+	/* TENSOR_REQUEST */
+	int64_t step_id;
+	uint64_t dest_raddr, dest_rkey, dest_capacity;
+	uint16_t key_len;
+	const uint8_t *key;
+	/* TENSOR_REQUEST (with META_VALID) and META_DATA */
+	struct tfab_wire_meta meta;
+	/* ERROR */
+	int32_t status;
+	uint16_t errmsg_len;
+	const char *errmsg;
+};
+
+/* Encode a message into a slot of cap bytes; the whole length goes to *len_p. */
+int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap, size_t *len_p);
+
+/* Decode a slot of len bytes (the slot size: the header says how much is used). */
+int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m);
+
+/* Whether two meta-data are the same tensor layout (dtype, is_dead, shape, nbytes). */
+bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wire_meta *b);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * Multi-process engine tests. A test binary runs as the coordinator (rank 0, under cmocka) and
+ * re-executes itself for ranks 1..n-1 ("--rank R --port P --test NAME"), so every process starts
+ * fresh: no fork after libfabric is initialised. Rank 0 listens; every other rank connects to
+ * rank 0, and for more than two ranks the others connect to each other through rank 0's
+ * listener... (see mp.c). A scenario is one function run by every rank with its peers.
+ */
+#ifndef TFAB_TEST_MP_H
+#define TFAB_TEST_MP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <tfab/tfab.h>
+
+#define MP_MAX_RANKS 8
+
+struct mp {
+	int rank, nranks;
+	struct tfab_context *ctx;
+	struct tfab_peer *peers[MP_MAX_RANKS]; /* peers[rank] is NULL */
+	const char *test;
+};
+
+typedef int (*mp_fn)(struct mp *mp);
+
+struct mp_scenario {
+	const char *name;
+	int nranks;
+	mp_fn fn;
+};
+
+/* A failed check in any rank: print where and return 1 from the scenario. */
+#define CHECK(cond)                                                                               \
+	do {                                                                                      \
+		if (!(cond)) {                                                                    \
+			fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", mp->rank, __FILE__, \
+				__LINE__, #cond);                                                 \
+			return 1;                                                                 \
+		}                                                                                 \
+	} while (0)
+
+#define CHECK_RC(expr, want)                                                                      \
+	do {                                                                                      \
+		int rc_ = (expr);                                                                 \
+		if (rc_ != (want)) {                                                              \
+			fprintf(stderr, "rank %d: %s:%d: %s gave %d (%s), wanted %d\n", mp->rank, \
+				__FILE__, __LINE__, #expr, rc_, tfab_strerror(rc_), (int)(want)); \
+			return 1;                                                                 \
+		}                                                                                 \
+	} while (0)
+
+/*
+ * The test binary's main: runs every scenario of the table as a cmocka test (rank 0), or one
+ * rank of one scenario when started with --rank.
+ */
+int mp_main(int argc, char **argv, const struct mp_scenario *scenarios, int n);
+
+/* Drive progress until *flag becomes nonzero or timeout_ms passes; returns the flag. */
+int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms);
+
+/* A barrier among all ranks through the fabric (a tensor per pair). 0 on success. */
+int mp_barrier(struct mp *mp, int64_t tag);
+
+#endif
