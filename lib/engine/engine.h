@@ -59,8 +59,9 @@ struct tfab_peer {
 	uint32_t remote_id;    /* the peer's id for us */
 	struct tfab_conn *conn;
 	bool connected;
-	int failed; /* 0, or the status its operations fail with */
-	int sock;   /* bootstrap connection watched for the peer's death, or -1 */
+	int failed;	       /* 0, or the status its operations fail with */
+	int sock;	       /* bootstrap connection watched for the peer's death, or -1 */
+	uint64_t closed_at_ms; /* when the bootstrap connection closed, or 0 */
 	/* Our inbox: the peer writes messages into it. */
 	uint8_t *inbox;
 	struct tfab_mr *inbox_mr;

@@ -21,6 +21,8 @@
 #define SUBSYS TFAB_ENGINE_SUBSYS
 #define SLOT_SIZE TFAB_WIRE_MIN_SLOT
 #define LIVENESS_MS 50
+/* A closed bootstrap connection fails the peer after this: its last writes may still land. */
+#define CLOSE_GRACE_MS 200
 
 static size_t slots_of(const struct tfab_context *ctx)
 {
@@ -544,13 +546,19 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 		struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
 		char c;
 
-		if (peer->sock < 0 || peer->failed || poll(&pfd, 1, 0) <= 0)
+		if (peer->sock < 0 || peer->failed)
 			continue;
-		/* Nothing is sent on it after the bootstrap: readable means closed. */
-		if (recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0) {
-			TFAB_WARN(SUBSYS, "peer %u: its bootstrap connection closed", peer->id);
-			tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
+		if (peer->closed_at_ms) {
+			if (now >= peer->closed_at_ms + CLOSE_GRACE_MS) {
+				TFAB_WARN(SUBSYS, "peer %u: its bootstrap connection closed",
+					  peer->id);
+				tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
+			}
+			continue;
 		}
+		/* Nothing is sent on it after the bootstrap: readable means closed. */
+		if (poll(&pfd, 1, 0) > 0 && recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0)
+			peer->closed_at_ms = now;
 	}
 }
 

@@ -8,22 +8,32 @@
 #include "engine/engine.h"
 #include "util/log.h"
 
+/* Packed: count x bits x lanes, rounded up to whole bytes once (two int4 per byte). */
 uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p)
 {
-	uint64_t n =
-	    ((uint64_t)meta->dtype_bits * (meta->dtype_lanes ? meta->dtype_lanes : 1) + 7) / 8;
+	uint64_t bits = (uint64_t)meta->dtype_bits * meta->dtype_lanes, count = 1;
 
 	*overflow_p = false;
 	for (unsigned i = 0; i < meta->ndim; i++) {
 		uint64_t d = (uint64_t)meta->shape[i];
 
-		if (meta->shape[i] < 0 || (d && n > UINT64_MAX / d)) {
+		if (meta->shape[i] < 0) {
 			*overflow_p = true;
 			return 0;
 		}
-		n *= d;
+		if (d == 0)
+			return 0;
+		if (count > UINT64_MAX / d) {
+			*overflow_p = true;
+			return 0;
+		}
+		count *= d;
 	}
-	return n;
+	if (bits && count > (UINT64_MAX - 7) / bits) {
+		*overflow_p = true;
+		return 0;
+	}
+	return (count * bits + 7) / 8;
 }
 
 int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,

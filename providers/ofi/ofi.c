@@ -5,6 +5,7 @@
  * FI_RX_CQ_DATA mode (receives kept posted for remote CQ data, as libfabric's verbs needs).
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +68,32 @@ struct tfab_ep {
 struct tfab_conn {
 	struct tfab_ep *ep;
 	fi_addr_t fi_addr;
+	/*
+	 * shm only: the peer's process. libfabric 1.17's shm spins forever inside fi_writedata
+	 * on a lock in the peer's shared region when the peer died holding it, so no write goes
+	 * to a peer whose process is gone.
+	 */
+	pid_t pid;
 };
+
+/* The process of an shm address ("fi_shm://PID:..."), or 0. */
+static pid_t shm_pid(const struct tfab_ep *ep, const char *addr, size_t len)
+{
+	static const char prefix[] = "fi_shm://";
+	long pid = 0;
+
+	if (strcmp(ep->caps.fabric, "shm") != 0 || len <= sizeof(prefix) - 1 ||
+	    memcmp(addr, prefix, sizeof(prefix) - 1) != 0)
+		return 0;
+	for (size_t i = sizeof(prefix) - 1; i < len && addr[i] >= '0' && addr[i] <= '9'; i++)
+		pid = pid * 10 + (addr[i] - '0');
+	return pid > 0 && pid < (1l << 30) ? (pid_t)pid : 0;
+}
+
+static bool conn_dead(const struct tfab_conn *conn)
+{
+	return conn->pid && kill(conn->pid, 0) < 0 && errno == ESRCH;
+}
 
 static int ofi_err(int fi_rc)
 {
@@ -490,6 +516,7 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 		return rc < 0 ? ofi_err(rc) : -EINVAL;
 	}
 	peer->ep = ep;
+	peer->pid = shm_pid(ep, addr, len);
 	ep->npeers++;
 	*peer_p = peer;
 	return 0;
@@ -579,6 +606,8 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 
 	if (len > ep->caps.max_msg_size)
 		return -EMSGSIZE;
+	if (conn_dead(peer))
+		return -TFAB_ERR_PEER_FAILED;
 	if (flags & TFAB_WRITE_INJECT) {
 		if (len > ep->caps.inject_size)
 			return -EMSGSIZE;

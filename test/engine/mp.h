@@ -30,6 +30,8 @@ struct mp_scenario {
 	const char *name;
 	int nranks;
 	mp_fn fn;
+	bool no_barrier; /* the scenario breaks a peer or the context: no closing barrier */
+	int killed_rank; /* a rank the scenario kills (SIGKILL is its success), or 0 */
 };
 
 /* A failed check in any rank: print where and return 1 from the scenario. */

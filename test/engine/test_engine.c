@@ -11,6 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <signal.h>
+
+#include "engine/engine.h"
 #include "mp.h"
 
 #define WAIT_MS 60000
@@ -32,7 +35,7 @@ static void tensor_make(struct tensor *t, DLDataType dtype, int ndim, const int6
 		t->shape[i] = shape[i];
 		n *= (size_t)shape[i];
 	}
-	t->nbytes = n * ((dtype.bits * dtype.lanes + 7u) / 8u);
+	t->nbytes = (n * dtype.bits * dtype.lanes + 7u) / 8u; /* packed, as DLPack sub-byte types */
 	t->buf = malloc(t->nbytes ? t->nbytes : 1);
 	t->dl.data = t->buf;
 	t->dl.device.device_type = kDLCPU;
@@ -189,10 +192,605 @@ static int sc_caller_dest(struct mp *mp)
 	return send_recv(mp, false, true, 1) || send_recv(mp, true, true, 2);
 }
 
+/* Receive one tensor synchronously into a library-allocated destination. */
+static int recv_one(struct mp *mp, int from, const char *key, int64_t step, DLManagedTensor **t_p,
+		    bool *dead_p)
+{
+	return tfab_recv_sync(mp->ctx, mp->peers[from], key, step, NULL, WAIT_MS, t_p, dead_p);
+}
+
+/*
+ * Meta-data changes between steps: a first request learns the meta-data (a miss and a
+ * re-request), equal steps go straight, a shape change re-requests, empty and dead tensors
+ * complete from meta-data alone, and a change back re-requests again.
+ */
+static int sc_meta_change(struct mp *mp)
+{
+	static const int64_t shapes[7][2] = {{10, 1}, {10, 1}, {20, 3}, {20, 3},
+					     {0, 4},  {10, 1}, {10, 1}};
+	static const bool dead[7] = {false, false, false, false, false, true, false};
+	struct tensor t[7];
+	struct done d = {0};
+	struct tfab_stats st0, st;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+	if (mp->rank == 1) {
+		for (int i = 0; i < 7; i++) {
+			tensor_make(&t[i], f32, 2, shapes[i]);
+			tensor_fill(&t[i], 100 + (uint64_t)i);
+			CHECK_RC(tfab_send(mp->ctx, "grad", i + 1, &t[i].dl, dead[i], on_sent, &d),
+				 0);
+		}
+		CHECK(wait_n(mp, &d, 7));
+		CHECK(d.errors == 0);
+		for (int i = 0; i < 7; i++)
+			tensor_free(&t[i]);
+		return 0;
+	}
+	for (int i = 0; i < 7; i++) {
+		DLManagedTensor *m = NULL;
+		bool is_dead = false;
+
+		CHECK_RC(recv_one(mp, 1, "grad", i + 1, &m, &is_dead), 0);
+		CHECK(is_dead == dead[i]);
+		if (dead[i]) {
+			CHECK(m == NULL);
+			continue;
+		}
+		CHECK(m != NULL);
+		CHECK(m->dl_tensor.ndim == 2 && m->dl_tensor.shape[0] == shapes[i][0] &&
+		      m->dl_tensor.shape[1] == shapes[i][1]);
+		if (shapes[i][0]) {
+			struct tensor ref;
+
+			tensor_make(&ref, f32, 2, shapes[i]);
+			CHECK(bytes_match(m->dl_tensor.data, ref.nbytes, 100 + (uint64_t)i));
+			tensor_free(&ref);
+		}
+		m->deleter(m);
+	}
+	CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+	/* step 1 learns; 3 changes shape; 7 follows a dead tensor */
+	CHECK(st.rerequests - st0.rerequests == 3);
+	CHECK(st.meta_misses - st0.meta_misses == 1);
+	CHECK(st.meta_hits - st0.meta_hits == 6);
+	CHECK(st.bytes_copied == 0);
+	return 0;
+}
+
+/* Every DLPack dtype, byte for byte. */
+static const DLDataType all_dtypes[] = {
+    {kDLInt, 8, 1},
+    {kDLInt, 16, 1},
+    {kDLInt, 32, 1},
+    {kDLInt, 64, 1},
+    {kDLUInt, 8, 1},
+    {kDLUInt, 16, 1},
+    {kDLUInt, 32, 1},
+    {kDLUInt, 64, 1},
+    {kDLFloat, 16, 1},
+    {kDLFloat, 32, 1},
+    {kDLFloat, 64, 1},
+    {kDLBfloat, 16, 1},
+    {kDLComplex, 64, 1},
+    {kDLComplex, 128, 1},
+    {6 /* kDLBool, newer than Debian's dlpack.h */, 8, 1},
+    {kDLFloat, 32, 4},
+    {kDLInt, 4, 1},
+    {kDLUInt, 1, 1},
+};
+#define NDTYPES ((int)(sizeof(all_dtypes) / sizeof(all_dtypes[0])))
+
+static int sc_dtypes(struct mp *mp)
+{
+	int64_t shape[2] = {3, 5};
+	struct tensor t[NDTYPES];
+	struct done d = {0};
+	char key[32];
+
+	for (int i = 0; i < NDTYPES; i++) {
+		tensor_make(&t[i], all_dtypes[i], 2, shape);
+		tensor_fill(&t[i], 500 + (uint64_t)i);
+	}
+	if (mp->rank == 1) {
+		for (int i = 0; i < NDTYPES; i++) {
+			snprintf(key, sizeof(key), "dtype/%d", i);
+			CHECK_RC(tfab_send(mp->ctx, key, 3, &t[i].dl, false, on_sent, &d), 0);
+		}
+		CHECK(wait_n(mp, &d, NDTYPES));
+		CHECK(d.errors == 0);
+	} else {
+		for (int i = 0; i < NDTYPES; i++) {
+			DLManagedTensor *m = NULL;
+
+			snprintf(key, sizeof(key), "dtype/%d", i);
+			CHECK_RC(recv_one(mp, 1, key, 3, &m, NULL), 0);
+			CHECK(m->dl_tensor.dtype.code == all_dtypes[i].code &&
+			      m->dl_tensor.dtype.bits == all_dtypes[i].bits &&
+			      m->dl_tensor.dtype.lanes == all_dtypes[i].lanes);
+			CHECK(bytes_match(m->dl_tensor.data, t[i].nbytes, 500 + (uint64_t)i));
+			m->deleter(m);
+		}
+	}
+	for (int i = 0; i < NDTYPES; i++)
+		tensor_free(&t[i]);
+	return 0;
+}
+
+static long rss_kib(void)
+{
+	FILE *f = fopen("/proc/self/statm", "r");
+	long pages = 0, resident = 0;
+
+	if (f) {
+		if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+			resident = 0;
+		fclose(f);
+	}
+	return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int env_int(const char *name, int dflt)
+{
+	const char *v = getenv(name);
+
+	return v && *v ? atoi(v) : dflt;
+}
+
+/*
+ * Many keys: TFAB_TEST_KEYS distinct keys (10,000) in one step, then TFAB_TEST_STEPS steps of
+ * them (the default is small for CI; tools/bench runs 1,000). Resident memory must not grow
+ * by more than 10% between step 100 and the last.
+ */
+static int sc_many_keys(struct mp *mp)
+{
+	int nkeys = env_int("TFAB_TEST_KEYS", 10000), steps = env_int("TFAB_TEST_STEPS", 3);
+	int64_t shape[1] = {16};
+	struct tensor src;
+	struct done d = {0};
+	long rss100 = 0, rss_end;
+	char key[32];
+
+	tensor_make(&src, f32, 1, shape);
+	for (int step = 1; step <= steps; step++) {
+		d.n = 0;
+		for (int k = 0; k < nkeys; k++) {
+			snprintf(key, sizeof(key), "layer/%d", k);
+			if (mp->rank == 1) {
+				/* every key's data is its own slice of one buffer: same bytes */
+				tensor_fill(&src, (uint64_t)k);
+				CHECK_RC(tfab_send(mp->ctx, key, step, &src.dl, false, on_sent, &d),
+					 0);
+				/* the tensor must stay unchanged until sent: wait for it */
+				CHECK(wait_n(mp, &d, k + 1));
+			} else {
+				CHECK_RC(
+				    tfab_recv(mp->ctx, mp->peers[1], key, step, NULL, on_recv, &d),
+				    0);
+				if (d.tensor) {
+					d.tensor->deleter(d.tensor);
+					d.tensor = NULL;
+				}
+			}
+		}
+		CHECK(wait_n(mp, &d, nkeys));
+		CHECK(d.errors == 0);
+		if (d.tensor) {
+			d.tensor->deleter(d.tensor);
+			d.tensor = NULL;
+		}
+		if (step == 100)
+			rss100 = rss_kib();
+	}
+	rss_end = rss_kib();
+	if (mp->rank == 0)
+		printf(
+		    "many_keys: %d keys x %d steps; rss %ld KiB at step 100, %ld KiB at the end\n",
+		    nkeys, steps, rss100, rss_end);
+	if (rss100)
+		CHECK(rss_end <= rss100 + rss100 / 10);
+	tensor_free(&src);
+	return 0;
+}
+
+struct thread_arg {
+	struct mp *mp;
+	int id, n, failed;
+};
+
+static void *recv_thread(void *p)
+{
+	struct thread_arg *a = p;
+	char key[32];
+
+	for (int i = 0; i < a->n; i++) {
+		DLManagedTensor *m = NULL;
+		int rc;
+
+		snprintf(key, sizeof(key), "thr/%d/%d", a->id, i);
+		rc = tfab_recv_sync(a->mp->ctx, a->mp->peers[1], key, 9, NULL, WAIT_MS, &m, NULL);
+		if (rc || !m || *(int32_t *)m->dl_tensor.data != a->id * 100000 + i) {
+			a->failed = 1;
+			fprintf(stderr, "thread %d key %d: %s\n", a->id, i, tfab_strerror(rc));
+		}
+		if (m)
+			m->deleter(m);
+	}
+	return NULL;
+}
+
+static void *send_thread(void *p)
+{
+	struct thread_arg *a = p;
+	int32_t *vals = malloc(sizeof(int32_t) * (size_t)a->n);
+	int64_t one = 1;
+	struct done d = {0};
+	char key[32];
+
+	for (int i = 0; i < a->n; i++) {
+		DLTensor t = {.data = &vals[i],
+			      .device = {kDLCPU, 0},
+			      .ndim = 1,
+			      .dtype = {kDLInt, 32, 1},
+			      .shape = &one};
+
+		vals[i] = a->id * 100000 + i;
+		snprintf(key, sizeof(key), "thr/%d/%d", a->id, i);
+		if (tfab_send(a->mp->ctx, key, 9, &t, false, on_sent, &d))
+			a->failed = 1;
+	}
+	while (d.n < a->n)
+		tfab_progress(a->mp->ctx);
+	a->failed |= d.errors != 0;
+	free(vals);
+	return NULL;
+}
+
+/* Sends and receives from four threads at once on each side. */
+static int sc_threads(struct mp *mp)
+{
+	pthread_t th[4];
+	struct thread_arg a[4];
+
+	for (int i = 0; i < 4; i++) {
+		a[i] = (struct thread_arg){.mp = mp, .id = i, .n = 300};
+		CHECK(pthread_create(&th[i], NULL, mp->rank ? send_thread : recv_thread, &a[i]) ==
+		      0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(!a[i].failed);
+	}
+	return 0;
+}
+
+/* Four processes, each sending to and receiving from every other. */
+static int sc_all_to_all(struct mp *mp)
+{
+	enum { N = 20 };
+	struct tensor t[MP_MAX_RANKS][N];
+	struct done sent = {0}, got = {0};
+	DLManagedTensor *m[MP_MAX_RANKS][N] = {{0}};
+	char key[64];
+	int expect = 0;
+
+	for (int r = 0; r < mp->nranks; r++) {
+		if (r == mp->rank)
+			continue;
+		for (int i = 0; i < N; i++) {
+			int64_t shape[1] = {1 + i * 97};
+
+			tensor_make(&t[r][i], f32, 1, shape);
+			tensor_fill(&t[r][i], (uint64_t)(mp->rank * 1000 + r * 100 + i));
+			snprintf(key, sizeof(key), "a2a/%d/%d/%d", mp->rank, r, i);
+			CHECK_RC(tfab_send(mp->ctx, key, 4, &t[r][i].dl, false, on_sent, &sent), 0);
+			snprintf(key, sizeof(key), "a2a/%d/%d/%d", r, mp->rank, i);
+			CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[r], key, 4, NULL, WAIT_MS,
+						&m[r][i], NULL),
+				 0);
+			expect++;
+		}
+	}
+	(void)got;
+	CHECK(wait_n(mp, &sent, expect));
+	CHECK(sent.errors == 0);
+	for (int r = 0; r < mp->nranks; r++) {
+		if (r == mp->rank)
+			continue;
+		for (int i = 0; i < N; i++) {
+			CHECK(bytes_match(m[r][i]->dl_tensor.data, t[r][i].nbytes,
+					  (uint64_t)(r * 1000 + mp->rank * 100 + i)));
+			m[r][i]->deleter(m[r][i]);
+			tensor_free(&t[r][i]);
+		}
+	}
+	return 0;
+}
+
+/*
+ * Step cleanup: receives of a step nobody sends fail, sends of a step nobody receives fail,
+ * and a receive whose request the sender cleans up gets the sender's status.
+ */
+static int sc_step_cleanup(struct mp *mp)
+{
+	int64_t shape[1] = {8};
+	struct tensor t;
+	struct done d = {0}, d2 = {0};
+
+	tensor_make(&t, f32, 1, shape);
+	tensor_fill(&t, 1);
+	if (mp->rank == 0) {
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "never/sent", 5, NULL, on_recv, &d), 0);
+		CHECK_RC(
+		    tfab_recv(mp->ctx, mp->peers[1], "cleaned/by/sender", 7, NULL, on_recv, &d2),
+		    0);
+		CHECK(mp_barrier(mp, 70) == 0);
+		CHECK_RC(tfab_step_cleanup(mp->ctx, 5), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_ABORTED);
+		/* the sender's cleanup of step 7 reaches this receive as an error */
+		CHECK(wait_n(mp, &d2, 1));
+		CHECK(d2.errors == 1 && d2.last_status == -TFAB_ERR_ABORTED);
+	} else {
+		CHECK_RC(tfab_send(mp->ctx, "never/received", 6, &t.dl, false, on_sent, &d), 0);
+		CHECK(mp_barrier(mp, 70) == 0);
+		CHECK_RC(tfab_step_cleanup(mp->ctx, 6), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_ABORTED);
+		CHECK_RC(tfab_step_cleanup(mp->ctx, 7), 0);
+		/* a cleaned-up step can be used again */
+		d.n = d.errors = 0;
+		CHECK_RC(tfab_send(mp->ctx, "never/received", 6, &t.dl, false, on_sent, &d), 0);
+		CHECK_RC(tfab_step_cleanup(mp->ctx, 6), 0);
+		CHECK(wait_n(mp, &d, 1));
+	}
+	CHECK(mp_barrier(mp, 71) == 0);
+	tensor_free(&t);
+	return 0;
+}
+
+/* Abort fails everything pending with its status, and every later call at once. */
+static int sc_abort(struct mp *mp)
+{
+	int64_t shape[1] = {8};
+	struct tensor t;
+	struct done d = {0};
+
+	tensor_make(&t, f32, 1, shape);
+	if (mp->rank == 0) {
+		for (int i = 0; i < 10; i++)
+			CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "pending", i, NULL, on_recv, &d),
+				 0);
+		CHECK_RC(tfab_send(mp->ctx, "unsent", 1, &t.dl, false, on_sent, &d), 0);
+		CHECK_RC(tfab_abort(mp->ctx, -ECANCELED), 0);
+		CHECK(wait_n(mp, &d, 11));
+		CHECK(d.errors == 11 && d.last_status == -ECANCELED);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "later", 1, NULL, on_recv, &d),
+			 -ECANCELED);
+		CHECK_RC(tfab_send(mp->ctx, "later", 1, &t.dl, false, on_sent, &d), -ECANCELED);
+	}
+	tensor_free(&t);
+	return 0;
+}
+
+/*
+ * A peer killed with requests outstanding: they fail with TFAB_ERR_PEER_FAILED within the
+ * bound, and the process keeps working with its other peer.
+ */
+static int sc_peer_killed(struct mp *mp)
+{
+	int64_t shape[1] = {1024};
+	struct tensor t;
+	struct done d = {0}, ok = {0};
+
+	tensor_make(&t, f32, 1, shape);
+	tensor_fill(&t, 9);
+	if (mp->rank == 2) {
+		CHECK(mp_barrier(mp, 80) == 0);
+		raise(SIGKILL);
+	}
+	if (mp->rank == 0) {
+		for (int i = 0; i < 8; i++)
+			CHECK_RC(
+			    tfab_recv(mp->ctx, mp->peers[2], "from/victim", i, NULL, on_recv, &d),
+			    0);
+		CHECK(mp_barrier(mp, 80) == 0);
+		CHECK(wait_n(mp, &d, 8));
+		CHECK(d.errors == 8 && d.last_status == -TFAB_ERR_PEER_FAILED);
+		/* the other peer still works */
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "from/survivor", 1, NULL, on_recv, &ok),
+			 0);
+		CHECK(wait_n(mp, &ok, 1));
+		CHECK(ok.errors == 0 && bytes_match(ok.tensor->dl_tensor.data, t.nbytes, 9));
+		ok.tensor->deleter(ok.tensor);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[2], "after", 1, NULL, on_recv, &d),
+			 -TFAB_ERR_PEER_FAILED);
+	}
+	if (mp->rank == 1) {
+		CHECK(mp_barrier(mp, 80) == 0);
+		CHECK_RC(tfab_send(mp->ctx, "from/survivor", 1, &t.dl, false, on_sent, &ok), 0);
+		CHECK(wait_n(mp, &ok, 1));
+		CHECK(ok.errors == 0);
+	}
+	tensor_free(&t);
+	return 0;
+}
+
+/* Bad input at the API: clear errors, nothing else disturbed. */
+static int sc_bad_input(struct mp *mp)
+{
+	char longkey[TFAB_MAX_KEY_LEN + 2];
+	int64_t shape[1] = {100}, small[1] = {10}, strides[2] = {1, 4}, shape2[2] = {4, 4};
+	struct tensor t, dst_small, dst_int, strided;
+	struct done d = {0};
+
+	memset(longkey, 'k', sizeof(longkey) - 1);
+	longkey[sizeof(longkey) - 1] = '\0';
+	tensor_make(&t, f32, 1, shape);
+	tensor_fill(&t, 3);
+	tensor_make(&dst_small, f32, 1, small);
+	tensor_make(&dst_int, (DLDataType){kDLInt, 32, 1}, 1, shape);
+	tensor_make(&strided, f32, 2, shape2);
+	strided.dl.strides = strides;
+	CHECK_RC(tfab_send(mp->ctx, longkey, 1, &t.dl, false, on_sent, &d), -ENAMETOOLONG);
+	CHECK_RC(tfab_send(mp->ctx, "", 1, &t.dl, false, on_sent, &d), -EINVAL);
+	CHECK_RC(tfab_send(mp->ctx, "strided", 1, &strided.dl, false, on_sent, &d), -EINVAL);
+	t.dl.device.device_type = kDLCUDA;
+	CHECK_RC(tfab_send(mp->ctx, "gpu", 1, &t.dl, false, on_sent, &d), -EOPNOTSUPP);
+	t.dl.device.device_type = kDLCPU;
+	CHECK(d.n == 0); /* a call that fails never calls back */
+	if (mp->rank == 0) {
+		struct done r = {0};
+
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], longkey, 1, NULL, on_recv, &r),
+			 -ENAMETOOLONG);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "x", 1, NULL, NULL, &r), -EINVAL);
+		/* a destination too small, and one of another dtype */
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "big", 1, &dst_small.dl, on_recv, &r), 0);
+		CHECK(wait_n(mp, &r, 1));
+		CHECK(r.errors == 1 && r.last_status == -EMSGSIZE);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "big", 1, &dst_int.dl, on_recv, &r), 0);
+		CHECK(wait_n(mp, &r, 2));
+		CHECK(r.errors == 2 && r.last_status == -EINVAL);
+		/* and then the right one still gets the tensor */
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "big", 1, &t.dl, on_recv, &r), 0);
+		CHECK(wait_n(mp, &r, 3));
+		CHECK(r.errors == 2 && bytes_match(t.buf, t.nbytes, 3));
+	} else {
+		CHECK_RC(tfab_send(mp->ctx, "big", 1, &t.dl, false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 0);
+	}
+	tensor_free(&t);
+	tensor_free(&dst_small);
+	tensor_free(&dst_int);
+	tensor_free(&strided);
+	return 0;
+}
+
+/* Write raw bytes into the peer's inbox slot as a control message, bypassing the codec. */
+static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *bytes, size_t len,
+		      uint32_t slot)
+{
+	struct tfab_context *ctx = mp->ctx;
+	uint8_t *buf = aligned_alloc(4096, 4096);
+	struct tfab_mr *mr = NULL;
+	int rc;
+
+	memcpy(buf, bytes, len);
+	rc = ctx->ops->mr_reg(ctx->ep, buf, 4096, TFAB_MR_LOCAL_WRITE, &mr);
+	if (rc == 0)
+		rc = ctx->ops->write_imm(ctx->ep, peer->conn, buf, len, mr,
+					 peer->remote_raddr + slot * peer->remote_slot_size,
+					 peer->remote_rkey, tfab__imm_msg(peer->remote_id, slot), 0,
+					 NULL);
+	for (int i = 0; i < 2000 && rc == 0; i++)
+		tfab_progress(ctx); /* let it complete; the WRITE_DONE has no context */
+	ctx->ops->mr_dereg(mr);
+	free(buf);
+	return rc;
+}
+
+/*
+ * Malformed control messages (a bad header, an unknown type, a truncated request, an
+ * out-of-window sequence): the receiving side fails that peer with TFAB_ERR_PROTOCOL, its
+ * operations with that peer fail, and it keeps working with its other peer.
+ */
+static int malformed(struct mp *mp, int k)
+{
+	static const uint8_t garbage[4][16] = {
+	    {9, 1, 0, 0, 0, 0, 0, 0},	    /* version 9 */
+	    {1, 77, 0, 0, 4, 0, 0, 0},	    /* unknown type 77 */
+	    {1, 1, 0, 0, 200, 0, 0, 0},	    /* a request claiming 200 bytes, holding none */
+	    {1, 4, 0, 0, 4, 0, 0, 0, 9, 9}, /* a cancel, sequence 2313 (out of the window) */
+	};
+	int victim_of = 0;
+	struct done d = {0};
+
+	/* rank 1 sends one bad message to rank 0, once per run of this scenario */
+	if (mp->rank == 1) {
+		CHECK(mp_barrier(mp, 90) == 0);
+		CHECK_RC(inject_raw(mp, mp->peers[0], garbage[k & 3], 16, 0), 0);
+		/* Stay until rank 0 has dealt with it and gone: this receive then fails. */
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], "never", 1, NULL, on_recv, &d), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 1);
+		return 0;
+	}
+	if (mp->rank == 2)
+		CHECK(mp_barrier(mp, 90) == 0);
+	if (mp->rank == 0) {
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "from/evil", 1, NULL, on_recv, &d), 0);
+		CHECK(mp_barrier(mp, 90) == 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_PROTOCOL);
+		victim_of = 1;
+	}
+	/* ranks 0 and 2 still talk */
+	if (mp->rank != 1) {
+		int64_t shape[1] = {64};
+		struct tensor t;
+		struct done s = {0}, r = {0};
+		int other = mp->rank == 0 ? 2 : 0;
+
+		tensor_make(&t, f32, 1, shape);
+		tensor_fill(&t, 77);
+		CHECK_RC(
+		    tfab_send(mp->ctx, mp->rank == 0 ? "a" : "b", 1, &t.dl, false, on_sent, &s), 0);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[other], mp->rank == 0 ? "b" : "a", 1, NULL,
+				   on_recv, &r),
+			 0);
+		CHECK(wait_n(mp, &r, 1) && wait_n(mp, &s, 1));
+		CHECK(r.errors == 0 && s.errors == 0);
+		CHECK(bytes_match(r.tensor->dl_tensor.data, t.nbytes, 77));
+		r.tensor->deleter(r.tensor);
+		tensor_free(&t);
+	}
+	(void)victim_of;
+	return 0;
+}
+
+static int sc_malformed_version(struct mp *mp)
+{
+	return malformed(mp, 0);
+}
+
+static int sc_malformed_type(struct mp *mp)
+{
+	return malformed(mp, 1);
+}
+
+static int sc_malformed_truncated(struct mp *mp)
+{
+	return malformed(mp, 2);
+}
+
+static int sc_malformed_sequence(struct mp *mp)
+{
+	return malformed(mp, 3);
+}
+
 static const struct mp_scenario scenarios[] = {
-    {"send_then_recv", 2, sc_send_then_recv},
-    {"recv_then_send", 2, sc_recv_then_send},
-    {"caller_dest", 2, sc_caller_dest},
+    {.name = "send_then_recv", .nranks = 2, .fn = sc_send_then_recv},
+    {.name = "recv_then_send", .nranks = 2, .fn = sc_recv_then_send},
+    {.name = "caller_dest", .nranks = 2, .fn = sc_caller_dest},
+    {.name = "meta_change", .nranks = 2, .fn = sc_meta_change},
+    {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
+    {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
+    {.name = "threads", .nranks = 2, .fn = sc_threads},
+    {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
+    {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
+    {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
+    {.name = "peer_killed",
+     .nranks = 3,
+     .fn = sc_peer_killed,
+     .no_barrier = true,
+     .killed_rank = 2},
+    {.name = "bad_input", .nranks = 2, .fn = sc_bad_input},
+    {.name = "malformed_version", .nranks = 3, .fn = sc_malformed_version, .no_barrier = true},
+    {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},
+    {.name = "malformed_truncated", .nranks = 3, .fn = sc_malformed_truncated, .no_barrier = true},
+    {.name = "malformed_sequence", .nranks = 3, .fn = sc_malformed_sequence, .no_barrier = true},
 };
 
 int main(int argc, char **argv)
