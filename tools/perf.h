@@ -14,8 +14,10 @@
 
 #define PERF_MAX_SIZES 32
 
+enum { PERF_RAW = 1, PERF_TENSOR = 2 };
+
 struct perf_opts {
-	const char *test; /* "raw" */
+	unsigned tests; /* PERF_RAW | PERF_TENSOR */
 	size_t sizes[PERF_MAX_SIZES];
 	int nsizes;
 	unsigned iters;	 /* 0: chosen per size */
@@ -41,6 +43,7 @@ struct perf_pair {
 	uint8_t *src, *dst; /* page-aligned, buf_len each */
 	struct tfab_mr *smr, *dmr;
 	uint64_t remote_raddr, remote_rkey; /* the peer's dst */
+	char peer_host[256];		    /* the server's host, for the tensor pair */
 	/*
 	 * A control immediate from the peer not yet consumed. It lives with the pair, not with
 	 * one phase: the peer's next READY or DONE may land while this side still drains.
@@ -54,6 +57,8 @@ struct perf_result {
 	double gbps;   /* gigabits per second */
 	double lat_us; /* one-way: half a round trip */
 	bool verified;
+	bool has_engine; /* tensor: the engine's counters below are set */
+	uint64_t copies, meta_misses;
 };
 
 /* Runs the raw test over a connected pair; the client fills res. Returns 0 or a status. */
@@ -65,5 +70,15 @@ int perf_raw_finish(struct perf_pair *p, const struct perf_opts *o);
 
 /* Iterations for a size when --iters is not given. */
 unsigned perf_default_iters(size_t size);
+
+/* Writes in flight when --window is not given. */
+unsigned perf_window_of(size_t size);
+
+/* Runs the tensor test over the engine; both sides call it. */
+int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o);
+
+/* One result row, or one JSON object. */
+void perf_print_result(const struct perf_opts *o, const char *test, const char *backend,
+		       const char *fabric, const char *domain, const struct perf_result *r);
 
 #endif

@@ -183,7 +183,7 @@ static unsigned lat_iters(unsigned iters)
 }
 
 /* Writes in flight when --window is not given: 16, but at most 256 MiB in flight. */
-static unsigned window_of(size_t size)
+unsigned perf_window_of(size_t size)
 {
 	size_t w = (256u << 20) / (size ? size : 1);
 
@@ -337,7 +337,7 @@ int perf_raw_run(struct perf_pair *p, const struct perf_opts *o, size_t size,
 	memset(res, 0, sizeof(*res));
 	res->bytes = size;
 	res->iters = s.iters;
-	res->window = o->window ? o->window : window_of(size);
+	res->window = o->window ? o->window : perf_window_of(size);
 	rc = p->client ? client(&s, o, size, res) : server(&s, o, size);
 	free(s.bw_map);
 	if (rc == -ETIMEDOUT)

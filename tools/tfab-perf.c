@@ -137,7 +137,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	int c;
 
 	parse_sizes("8,4K,64K,1M,64M", o);
-	o->test = "raw";
+	o->tests = PERF_RAW | PERF_TENSOR;
 	o->timeout_ms = 120000;
 	while ((c = getopt_long(argc, argv, "s:n:w:p:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -185,12 +185,19 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 		}
 	}
 	if (optind < argc) {
-		if (strcmp(argv[optind], "raw") != 0) {
-			fprintf(stderr, "tfab-perf: unknown test '%s' (tests: raw)\n",
-				argv[optind]);
+		const char *t = argv[optind++];
+
+		if (strcmp(t, "raw") == 0)
+			o->tests = PERF_RAW;
+		else if (strcmp(t, "tensor") == 0)
+			o->tests = PERF_TENSOR;
+		else if (strcmp(t, "all") == 0 || strcmp(t, "raw,tensor") == 0)
+			o->tests = PERF_RAW | PERF_TENSOR;
+		else {
+			fprintf(stderr, "tfab-perf: unknown test '%s' (tests: raw, tensor, all)\n",
+				t);
 			return 2;
 		}
-		o->test = argv[optind++];
 	}
 	if (optind < argc || (o->listen_port && o->connect_to)) {
 		usage(stderr);
@@ -205,6 +212,7 @@ static void send_plan(struct wire *w, const struct perf_opts *o)
 	w->len = 0;
 	w->bad = false;
 	put(w, PLAN_MAGIC, 4);
+	put(w, o->tests, 1);
 	put(w, o->iters, 4);
 	put(w, o->window, 4);
 	put(w, o->verify, 1);
@@ -218,6 +226,7 @@ static int take_plan(struct wire *w, struct perf_opts *o)
 {
 	if (get(w, 4) != PLAN_MAGIC)
 		return -TFAB_ERR_PROTOCOL;
+	o->tests = (unsigned)get(w, 1);
 	o->iters = (unsigned)get(w, 4);
 	o->window = (unsigned)get(w, 4);
 	o->verify = get(w, 1) != 0;
@@ -230,7 +239,8 @@ static int take_plan(struct wire *w, struct perf_opts *o)
 	return w->bad ? -TFAB_ERR_PROTOCOL : 0;
 }
 
-static void pair_close(struct perf_pair *p)
+/* Close the raw test's endpoint, keeping the bootstrap socket. */
+static void pair_teardown(struct perf_pair *p)
 {
 	if (p->ops) {
 		p->ops->disconnect(p->peer);
@@ -238,10 +248,21 @@ static void pair_close(struct perf_pair *p)
 		p->ops->mr_dereg(p->dmr);
 		p->ops->close(p->ep);
 	}
+	p->ops = NULL;
+	p->peer = NULL;
+	p->smr = p->dmr = NULL;
+	p->ep = NULL;
 	free(p->src);
 	free(p->dst);
+	p->src = p->dst = NULL;
+}
+
+static void pair_close(struct perf_pair *p)
+{
+	pair_teardown(p);
 	if (p->sock >= 0)
 		close(p->sock);
+	p->sock = -1;
 }
 
 /* Open, register and connect to the peer over the bootstrap socket. */
@@ -307,22 +328,30 @@ static int pair_setup(struct perf_pair *p, const struct perf_opts *o, bool local
 	return rc;
 }
 
-static void print_result(const struct perf_pair *p, const struct perf_opts *o,
-			 const struct perf_result *r)
+void perf_print_result(const struct perf_opts *o, const char *test, const char *backend,
+		       const char *fabric, const char *domain, const struct perf_result *r)
 {
 	if (o->json) {
 		printf("{\"test\":");
-		json_str(stdout, o->test);
+		json_str(stdout, test);
 		printf(",\"backend\":");
-		json_str(stdout, p->caps->backend);
+		json_str(stdout, backend);
 		printf(",\"fabric\":");
-		json_str(stdout, p->caps->fabric);
+		json_str(stdout, fabric);
 		printf(",\"domain\":");
-		json_str(stdout, p->caps->domain);
+		json_str(stdout, domain);
 		printf(",\"bytes\":%zu,\"iters\":%u,\"window\":%u,\"gbps\":%.3f,\"GBps\":%.3f,"
-		       "\"lat_us\":%.3f,\"verified\":%s}\n",
+		       "\"lat_us\":%.3f,\"verified\":%s",
 		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->lat_us,
-		       o->verify ? (r->verified ? "true" : "false") : "null");
+		       o->verify && !r->has_engine ? (r->verified ? "true" : "false") : "null");
+		if (r->has_engine)
+			printf(",\"copies\":%llu,\"meta_misses\":%llu",
+			       (unsigned long long)r->copies, (unsigned long long)r->meta_misses);
+		printf("}\n");
+	} else if (r->has_engine) {
+		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %llu/%llu\n", r->bytes, r->iters,
+		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, (unsigned long long)r->copies,
+		       (unsigned long long)r->meta_misses);
 	} else {
 		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters, r->window,
 		       r->gbps / 8.0, r->gbps, r->lat_us,
@@ -337,7 +366,7 @@ static int run(struct perf_pair *p, const struct perf_opts *o)
 	int rc = 0, failed = 0;
 
 	if (p->client && !o->json) {
-		printf("tfab-perf %s: %s %s on %s\n", o->test, p->caps->backend, p->caps->fabric,
+		printf("tfab-perf raw: %s %s on %s\n", p->caps->backend, p->caps->fabric,
 		       p->caps->domain);
 		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
 		       "Gb/s", "lat_us", "verified");
@@ -351,7 +380,8 @@ static int run(struct perf_pair *p, const struct perf_opts *o)
 		if (p->client && o->progress)
 			fprintf(stderr, "\r%40s\r", "");
 		if (rc == 0 && p->client) {
-			print_result(p, o, &r);
+			perf_print_result(o, "raw", p->caps->backend, p->caps->fabric,
+					  p->caps->domain, &r);
 			failed |= o->verify && !r.verified;
 		}
 	}
@@ -361,6 +391,26 @@ static int run(struct perf_pair *p, const struct perf_opts *o)
 		fprintf(stderr, "tfab-perf: %s: %s\n", p->client ? "client" : "server",
 			tfab_strerror(rc));
 	return rc ? rc : failed ? -EIO : 0;
+}
+
+/*
+ * Both ends of a local pair are on this host: the engine's contexts (which read
+ * TFAB_OFI_DOMAIN) should use the loopback interface, as the raw test does, when the fabric
+ * has one and the user chose nothing.
+ */
+static void prefer_local_domain(struct perf_pair *p)
+{
+	const struct tfab_provider_ops *ops;
+	struct tfab_ep *ep;
+	char err[512];
+
+	if (getenv("TFAB_OFI_DOMAIN"))
+		return;
+	if (tfab__provider_open(&p->cfg, true, &ops, &ep, err, sizeof(err)) == 0) {
+		if (strcmp(ops->name, "ofi") == 0)
+			setenv("TFAB_OFI_DOMAIN", ops->caps(ep)->domain, 0);
+		ops->close(ep);
+	}
 }
 
 static int side_main(struct perf_pair *p, struct perf_opts *o, bool local)
@@ -380,9 +430,18 @@ static int side_main(struct perf_pair *p, struct perf_opts *o, bool local)
 		fprintf(stderr, "tfab-perf: exchanging the plan: %s\n", tfab_strerror(rc));
 		return rc;
 	}
-	rc = pair_setup(p, o, local);
-	if (rc == 0)
-		rc = run(p, o);
+	if (local)
+		prefer_local_domain(p);
+	if (o->tests & PERF_RAW) {
+		rc = pair_setup(p, o, local);
+		if (rc == 0)
+			rc = run(p, o);
+		pair_teardown(p);
+		if (rc)
+			return rc;
+	}
+	if (o->tests & PERF_TENSOR)
+		rc = perf_tensor_run(p, o);
 	return rc;
 }
 
@@ -411,7 +470,7 @@ static int reap(pid_t pid, int timeout_ms)
 
 int main(int argc, char **argv)
 {
-	struct perf_opts o = {.test = "raw"};
+	struct perf_opts o = {.tests = PERF_RAW | PERF_TENSOR};
 	struct perf_pair p = {.sock = -1};
 	const char *provider = NULL;
 	char err[512];
@@ -460,6 +519,7 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			rc = tfab__sock_connect(host, port, (int)p.cfg.connect_timeout_ms, &p.sock);
+			snprintf(p.peer_host, sizeof(p.peer_host), "%s", host);
 		}
 		if (rc) {
 			fprintf(stderr, "tfab-perf: bootstrap connection: %s\n", tfab_strerror(rc));
@@ -495,6 +555,7 @@ int main(int argc, char **argv)
 	close(sv[1]);
 	p.sock = sv[0];
 	p.client = true;
+	snprintf(p.peer_host, sizeof(p.peer_host), "127.0.0.1");
 	rc = side_main(&p, &o, true);
 	pair_close(&p); /* closes the socket: a waiting server sees it and exits */
 	if (reap(pid, rc ? 2000 : o.timeout_ms) != 0 && rc == 0) {

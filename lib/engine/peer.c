@@ -330,13 +330,33 @@ int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int 
 
 /* Control messages out. */
 
+static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len);
+
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
+	struct tfab_context *ctx = peer->ctx;
+	size_t r = slots_of(ctx), len;
 	struct tfab_pending_msg *pm;
 	int rc;
 
 	if (peer->failed)
 		return peer->failed;
+	/* The common case: credit, a free slot, nothing queued: encode in place and post. */
+	if (peer->connected && tfab__list_empty(&peer->pending) &&
+	    peer->tx_seq - peer->tx_acked < peer->remote_slots &&
+	    !peer->oslots[peer->tx_seq % r].busy) {
+		uint8_t *src = peer->outbox + (size_t)(peer->tx_seq % r) * SLOT_SIZE;
+		struct tfab_wire_msg mm = *m;
+
+		mm.seq = peer->tx_seq;
+		rc = tfab__wire_msg_encode(&mm, src, SLOT_SIZE, &len);
+		if (rc)
+			return rc;
+		rc = post_slot(peer, src, len);
+		if (rc != -EAGAIN)
+			return rc;
+		/* back-pressure: queue the encoded bytes below */
+	}
 	pm = malloc(sizeof(*pm) + SLOT_SIZE);
 	if (!pm)
 		return -ENOMEM;
@@ -357,6 +377,34 @@ static void put_le32(uint8_t *p, uint32_t v)
 	p[3] = (uint8_t)(v >> 24);
 }
 
+/*
+ * Write the message at src (an outbox slot, its seq already tfab_peer->tx_seq) to the peer's
+ * inbox. 0, -EAGAIN (nothing done), or an error that has failed the peer.
+ */
+static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len)
+{
+	struct tfab_context *ctx = peer->ctx;
+	uint32_t rslot = peer->tx_seq % peer->remote_slots;
+	struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % slots_of(ctx)];
+	int rc;
+
+	rc = ctx->ops->write_imm(ctx->ep, peer->conn, src, len, peer->outbox_mr,
+				 peer->remote_raddr + (uint64_t)rslot * peer->remote_slot_size,
+				 peer->remote_rkey, tfab__imm_msg(peer->remote_id, rslot), 0,
+				 &os->w);
+	if (rc == -EAGAIN)
+		return rc;
+	if (rc) {
+		tfab__peer_fail(peer, rc);
+		return rc;
+	}
+	os->busy = true;
+	peer->users++;
+	peer->tx_seq++;
+	ctx->stats.ctrl_messages++;
+	return 0;
+}
+
 static void peer_flush(struct tfab_peer *peer)
 {
 	struct tfab_context *ctx = peer->ctx;
@@ -367,29 +415,15 @@ static void peer_flush(struct tfab_peer *peer)
 	while (!tfab__list_empty(&peer->pending)) {
 		struct tfab_pending_msg *pm =
 		    tfab_container_of(peer->pending.next, struct tfab_pending_msg, link);
-		uint32_t rslot = peer->tx_seq % peer->remote_slots;
 		struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % r];
 		uint8_t *src = peer->outbox + (size_t)(peer->tx_seq % r) * SLOT_SIZE;
-		int rc;
 
 		if (peer->tx_seq - peer->tx_acked >= peer->remote_slots || os->busy)
 			return; /* no credit, or the slot's last write has not completed */
 		memcpy(src, pm->bytes, pm->len);
 		put_le32(src + 8, peer->tx_seq);
-		rc = ctx->ops->write_imm(
-		    ctx->ep, peer->conn, src, pm->len, peer->outbox_mr,
-		    peer->remote_raddr + (uint64_t)rslot * peer->remote_slot_size,
-		    peer->remote_rkey, tfab__imm_msg(peer->remote_id, rslot), 0, &os->w);
-		if (rc == -EAGAIN)
+		if (post_slot(peer, src, pm->len))
 			return;
-		if (rc) {
-			tfab__peer_fail(peer, rc);
-			return;
-		}
-		os->busy = true;
-		peer->users++;
-		peer->tx_seq++;
-		ctx->stats.ctrl_messages++;
 		tfab__list_del(&pm->link);
 		free(pm);
 	}
@@ -399,7 +433,14 @@ static void peer_flush(struct tfab_peer *peer)
 static void peer_return_credits(struct tfab_peer *peer)
 {
 	struct tfab_context *ctx = peer->ctx;
+	uint32_t batch = (uint32_t)slots_of(ctx) / 4;
 
+	/*
+	 * In batches of a quarter ring: never a deadlock, since a sender out of credit means
+	 * this side has consumed (or will) a whole ring and so holds at least a batch.
+	 */
+	if (peer->rx_unreturned < (batch ? batch : 1))
+		return;
 	while (peer->rx_unreturned && peer->connected && !peer->failed) {
 		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
 		bool inject = ctx->caps->inject_size > 0;

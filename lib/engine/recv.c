@@ -209,6 +209,11 @@ static int request_send(struct tfab_request *r, bool rerequest)
 static void request_complete(struct tfab_request *r, uint64_t nbytes)
 {
 	struct tfab_context *ctx = r->ctx;
+	struct tfab_meta_entry *e = tfab__peer_meta_find(r->peer, r->key, r->key_len);
+
+	/* A caller's layout the sender confirmed by writing is the key's meta-data now. */
+	if (!e || !tfab__wire_meta_equal(&e->meta, &r->meta))
+		tfab__peer_meta_store(r->peer, r->key, r->key_len, &r->meta);
 
 	ctx->stats.requests++;
 	ctx->stats.bytes_received += nbytes;

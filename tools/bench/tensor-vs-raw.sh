@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# tensor-vs-raw.sh: runs `tfab-perf all` (raw, then tensor, in one run) REPS times per
+# provider and prints, per size, the median tensor/raw bandwidth ratio, the median ratio of
+# tensor latency to raw one-way latency, and copies (must be 0).
+#
+# usage: tools/bench/tensor-vs-raw.sh [BUILD_DIR] [SIZES] [REPS]   (PROVIDERS="shm tcp")
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+sizes=${2:-8,1M,64M}
+reps=${3:-5}
+providers=${PROVIDERS:-shm tcp}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for p in $providers; do
+	for r in $(seq 1 "$reps"); do
+		cmd="FI_PROVIDER=$p $build/tools/tfab-perf all -p ofi:$p -s $sizes --json"
+		[ "$r" = 1 ] && echo "run: $cmd" >&2
+		if ! env FI_PROVIDER="$p" "$build/tools/tfab-perf" all -p "ofi:$p" -s "$sizes" \
+			--json | sed "s/^/$p $r /" >>"$out"; then
+			echo "tensor-vs-raw: a run failed ($p, run $r)" >&2
+			exit 1
+		fi
+	done
+done
+python3 - "$out" <<'PY'
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    prov, rep, js = line.split(" ", 2)
+    d = json.loads(js)
+    runs.setdefault((prov, d["bytes"], rep), {})[d["test"]] = d
+rows = {}
+for (prov, size, rep), t in runs.items():
+    if "raw" in t and "tensor" in t:
+        r, n = t["raw"], t["tensor"]
+        rows.setdefault((prov, size), []).append(
+            (n["gbps"] / r["gbps"] if r["gbps"] else 0, n["lat_us"] / r["lat_us"],
+             n["copies"], r["gbps"] / 8, n["gbps"] / 8, r["lat_us"], n["lat_us"]))
+print(f"{'provider':8} {'bytes':>10} {'raw GB/s':>9} {'tensor GB/s':>11} {'bw ratio':>9} "
+      f"{'raw lat':>9} {'tensor lat':>10} {'lat ratio':>9} {'copies':>6}  per-run bw ratios")
+for (prov, size), v in sorted(rows.items()):
+    med = lambda i: statistics.median(x[i] for x in v)
+    print(f"{prov:8} {size:>10} {med(3):9.3f} {med(4):11.3f} {med(0):9.2f} {med(5):9.2f} "
+          f"{med(6):10.2f} {med(1):9.2f} {max(x[2] for x in v):6}  "
+          + " ".join(f"{x[0]:.2f}" for x in v))
+PY
