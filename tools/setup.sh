@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs tfab's build and test dependencies from Debian 12 packages, builds into build/, and
-# runs the main job: tfab-perf raw between two local processes over the default fabric.
+# runs the main job: tfab-perf (raw writes, then tensors) between two local processes over the
+# default fabric.
 #   tools/setup.sh              everything
 #   tools/setup.sh --deps-only  just the packages (CI uses this)
 set -euo pipefail
@@ -34,4 +35,4 @@ fi
 ninja -C build
 echo
 build/tools/tfab-info | sed -n '/^Selected/p'
-build/tools/tfab-perf raw
+build/tools/tfab-perf

@@ -35,6 +35,7 @@ struct tfab_ofi_op {
 	struct fi_context2 fictx;
 	enum tfab_ofi_op_kind kind;
 	void *ctx;
+	struct tfab_conn *conn; /* writes: the connection it goes to */
 	struct tfab_ofi_op *next;
 };
 
@@ -60,6 +61,7 @@ struct tfab_ep {
 	unsigned poll_batch;
 	struct fi_cq_data_entry *cqe;
 	int npeers, nmrs;
+	struct tfab_conn *zombies; /* disconnected with writes still in flight */
 	size_t addrlen;
 	char addr[TFAB_OFI_MAX_ADDR];
 	char errmsg[256];
@@ -74,6 +76,13 @@ struct tfab_conn {
 	 * to a peer whose process is gone.
 	 */
 	pid_t pid;
+	/*
+	 * Writes posted and not completed. libfabric 1.17's shm crashes in fi_cq_read when an
+	 * address is removed with writes to it outstanding, so removal waits for them.
+	 */
+	unsigned inflight;
+	bool closing;
+	struct tfab_conn *zombie_next;
 };
 
 /* The process of an shm address ("fi_shm://PID:..."), or 0. */
@@ -384,6 +393,12 @@ static int tfab_ofi_close(struct tfab_ep *ep)
 		fi_close(&ep->fabric->fid);
 	if (ep->info)
 		fi_freeinfo(ep->info);
+	while (ep->zombies) {
+		struct tfab_conn *z = ep->zombies;
+
+		ep->zombies = z->zombie_next;
+		free(z);
+	}
 	while (ep->chunks) {
 		struct tfab_ofi_chunk *c = ep->chunks;
 
@@ -522,14 +537,46 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	return 0;
 }
 
+static void conn_release(struct tfab_conn *conn)
+{
+	fi_av_remove(conn->ep->av, &conn->fi_addr, 1, 0);
+	free(conn);
+}
+
 static int tfab_ofi_disconnect(struct tfab_conn *peer)
 {
+	struct tfab_ep *ep;
+
 	if (!peer)
 		return 0;
-	fi_av_remove(peer->ep->av, &peer->fi_addr, 1, 0);
-	peer->ep->npeers--;
-	free(peer);
+	ep = peer->ep;
+	ep->npeers--;
+	if (peer->inflight) {
+		/* Removed when its last write completes, or freed when the endpoint closes. */
+		peer->closing = true;
+		peer->zombie_next = ep->zombies;
+		ep->zombies = peer;
+		return 0;
+	}
+	conn_release(peer);
 	return 0;
+}
+
+/* A write finished (or failed): account it to its connection, then recycle the op. */
+static void write_op_done(struct tfab_ep *ep, struct tfab_ofi_op *op)
+{
+	struct tfab_conn *conn = op->conn;
+
+	if (conn && --conn->inflight == 0 && conn->closing) {
+		struct tfab_conn **pp = &ep->zombies;
+
+		while (*pp && *pp != conn)
+			pp = &(*pp)->zombie_next;
+		if (*pp)
+			*pp = conn->zombie_next;
+		conn_release(conn);
+	}
+	op_put(ep, op);
 }
 
 static int tfab_ofi_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
@@ -623,6 +670,7 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 		return -ENOMEM;
 	op->kind = TFAB_OFI_OP_WRITE;
 	op->ctx = ctx;
+	op->conn = peer;
 	rc = fi_writedata(ep->ep, lbuf, len, lmr ? lmr->desc : NULL, imm, peer->fi_addr, raddr,
 			  rkey, &op->fictx);
 	if (rc) {
@@ -635,6 +683,7 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 			return -TFAB_ERR_PEER_FAILED;
 		return ofi_err((int)rc);
 	}
+	peer->inflight++;
 	return 0;
 }
 
@@ -668,7 +717,7 @@ static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
 	TFAB_DEBUG(SUBSYS, "completion error: %s (%s, prov_errno %d)", fi_strerror(err.err),
 		   ep->errmsg, err.prov_errno);
 	if (op && op->kind == TFAB_OFI_OP_WRITE)
-		op_put(ep, op);
+		write_op_done(ep, op);
 	return 1;
 }
 
@@ -707,7 +756,7 @@ static int tfab_ofi_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
 				memset(out, 0, sizeof(*out));
 				out->type = TFAB_EV_WRITE_DONE;
 				out->ctx = op->ctx;
-				op_put(ep, op);
+				write_op_done(ep, op);
 				n++;
 			} else if (e->flags & FI_REMOTE_CQ_DATA) {
 				struct tfab_ofi_op *rx = rx_op_of(ep, op);
