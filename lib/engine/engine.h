@@ -113,8 +113,6 @@ struct tfab_request {
 	DLManagedTensor *out;
 	tfab_recv_cb cb;
 	void *arg;
-	/* blocking receives */
-	bool sync;
 };
 
 enum tfab_send_state {
@@ -221,13 +219,14 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index);
 void tfab__send_on_write_done(struct tfab_send *s, int status);
 void tfab__sends_retry(struct tfab_context *ctx);
-void tfab__send_fail(struct tfab_send *s, int status);
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
 
 /* tensor.c */
+/* A key's length: 1..512 bytes, else -EINVAL or -ENAMETOOLONG. */
+int tfab__check_key(const char *key, size_t *len_p);
 int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
 			     void **data_p);
 uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p);

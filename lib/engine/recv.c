@@ -288,25 +288,8 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		tfab__request_fail(r, rc, true);
 }
 
-static int check_key(const char *key, size_t *len_p)
-{
-	size_t len;
-
-	if (!key)
-		return -EINVAL;
-	len = strnlen(key, TFAB_MAX_KEY + 1);
-	if (len == 0)
-		return -EINVAL;
-	if (len > TFAB_MAX_KEY) {
-		TFAB_ERROR(SUBSYS, "a key longer than %d bytes", TFAB_MAX_KEY);
-		return -ENAMETOOLONG;
-	}
-	*len_p = len;
-	return 0;
-}
-
 static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
-		      int64_t step, DLTensor *dest, tfab_recv_cb cb, void *arg, bool sync,
+		      int64_t step, DLTensor *dest, tfab_recv_cb cb, void *arg,
 		      struct tfab_request **r_p)
 {
 	struct tfab_meta_entry *e;
@@ -318,7 +301,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 
 	if (!ctx || !peer || !cb || peer->ctx != ctx)
 		return -EINVAL;
-	rc = check_key(key, &key_len);
+	rc = tfab__check_key(key, &key_len);
 	if (rc)
 		return rc;
 	if (dest) {
@@ -341,7 +324,6 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	r->user_dest = dest;
 	r->cb = cb;
 	r->arg = arg;
-	r->sync = sync;
 	r->state = TFAB_REQ_REQUESTED;
 	tfab__list_init(&r->link);
 	tfab__list_init(&r->done_link);
@@ -386,7 +368,7 @@ int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 	if (!ctx)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step_id, dest, cb, arg, false, NULL);
+	rc = recv_start(ctx, peer, key, step_id, dest, cb, arg, NULL);
 	if (rc == 0)
 		tfab__peers_flush(ctx);
 	tfab__ctx_unlock(ctx);
@@ -444,7 +426,7 @@ int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 	if (!ctx || timeout_ms < 0)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step_id, dest, sync_cb, &w, true, &r);
+	rc = recv_start(ctx, peer, key, step_id, dest, sync_cb, &w, &r);
 	if (rc == 0)
 		tfab__peers_flush(ctx);
 	tfab__ctx_unlock(ctx);

@@ -270,14 +270,6 @@ void tfab__sends_retry(struct tfab_context *ctx)
 	}
 }
 
-void tfab__send_fail(struct tfab_send *s, int status)
-{
-	struct tfab_context *ctx = s->resp.peer ? s->resp.peer->ctx : NULL;
-
-	if (ctx)
-		send_finish(ctx, s, status);
-}
-
 /* Every send and parked request matching the filter. */
 static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_send *, void *),
 			   void *arg, int status)
@@ -369,15 +361,11 @@ int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const 
 	void *data;
 	int rc;
 
-	if (!ctx || !key || !t || !cb)
+	if (!ctx || !t || !cb)
 		return -EINVAL;
-	key_len = strnlen(key, TFAB_MAX_KEY + 1);
-	if (key_len == 0)
-		return -EINVAL;
-	if (key_len > TFAB_MAX_KEY) {
-		TFAB_ERROR(SUBSYS, "a key longer than %d bytes", TFAB_MAX_KEY);
-		return -ENAMETOOLONG;
-	}
+	rc = tfab__check_key(key, &key_len);
+	if (rc)
+		return rc;
 	rc = tfab__meta_from_dltensor(t, is_dead, &meta, &data);
 	if (rc)
 		return rc;

@@ -125,3 +125,20 @@ DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_w
 	__atomic_fetch_add(&ctx->managed_out, 1, __ATOMIC_RELAXED);
 	return &m->dl;
 }
+
+int tfab__check_key(const char *key, size_t *len_p)
+{
+	size_t len;
+
+	if (!key)
+		return -EINVAL;
+	len = strnlen(key, TFAB_MAX_KEY + 1);
+	if (len == 0)
+		return -EINVAL;
+	if (len > TFAB_MAX_KEY) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS, "a key longer than %d bytes", TFAB_MAX_KEY);
+		return -ENAMETOOLONG;
+	}
+	*len_p = len;
+	return 0;
+}

@@ -686,17 +686,31 @@ static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *byte
 	struct tfab_context *ctx = mp->ctx;
 	uint8_t *buf = aligned_alloc(4096, 4096);
 	struct tfab_mr *mr = NULL;
+	unsigned users;
 	int rc;
 
 	memcpy(buf, bytes, len);
 	rc = ctx->ops->mr_reg(ctx->ep, buf, 4096, TFAB_MR_LOCAL_WRITE, &mr);
+	tfab__ctx_lock(ctx);
+	users = peer->users;
 	if (rc == 0)
 		rc = ctx->ops->write_imm(ctx->ep, peer->conn, buf, len, mr,
 					 peer->remote_raddr + slot * peer->remote_slot_size,
 					 peer->remote_rkey, tfab__imm_msg(peer->remote_id, slot), 0,
-					 NULL);
-	for (int i = 0; i < 2000 && rc == 0; i++)
-		tfab_progress(ctx); /* let it complete; the WRITE_DONE has no context */
+					 &peer->credit_w);
+	/* The engine accounts the completion like a credit write's: wait for it. */
+	if (rc == 0)
+		peer->users++;
+	tfab__ctx_unlock(ctx);
+	for (int i = 0; i < WAIT_MS * 10 && rc == 0; i++) {
+		tfab__ctx_lock(ctx);
+		bool done = peer->users == users;
+		tfab__ctx_unlock(ctx);
+		if (done)
+			break;
+		tfab_progress(ctx);
+		usleep(100);
+	}
 	ctx->ops->mr_dereg(mr);
 	free(buf);
 	return rc;
