@@ -366,6 +366,7 @@ static void test_peer_killed(void **state)
 	assert_true(H.a.t.writes_done >= 16);
 	kill(pid, SIGKILL);
 	assert_int_equal(waitpid(pid, &status, 0), pid);
+	remove_shm_of(pid);
 	done_at_kill = H.a.t.writes_done;
 
 	/* Keep writing to the dead peer: errors must come back, or writes stop completing. */

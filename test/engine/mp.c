@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <dirent.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -201,6 +202,25 @@ static const struct mp_scenario *find(const char *name)
 	return NULL;
 }
 
+/* libfabric's shm leaves a killed process's region in /dev/shm, named after its pid. */
+static void remove_shm_of(pid_t pid)
+{
+	char prefix[32], path[300];
+	struct dirent *e;
+	DIR *d = opendir("/dev/shm");
+
+	if (!d)
+		return;
+	snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
+	while ((e = readdir(d)) != NULL) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+			snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+			unlink(path);
+		}
+	}
+	closedir(d);
+}
+
 static void run_scenario(void **state)
 {
 	const struct mp_scenario *s = *state;
@@ -243,6 +263,7 @@ static void run_scenario(void **state)
 			failed = 1;
 		} else if (r == s->killed_rank && WIFSIGNALED(status) &&
 			   WTERMSIG(status) == SIGKILL) {
+			remove_shm_of(pids[r]); /* its shm region outlives it */
 			continue;
 		} else if (!WIFEXITED(status) || WEXITSTATUS(status)) {
 			fprintf(stderr, "rank %d failed (status %#x)\n", r, status);
