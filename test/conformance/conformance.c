@@ -22,6 +22,7 @@
 #include <tfab/tfab.h>
 
 #include "harness.h"
+#include "test/common/shm_cleanup.h"
 #include "util/sock.h"
 
 #define WAIT_MS 20000 /* generous: sockets on 2 busy cores takes milliseconds per write */

@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <stdio.h>
-#include <dirent.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -203,22 +202,4 @@ bool check_pattern(const void *buf, size_t len, uint64_t seed, size_t *bad_off_p
 		}
 	}
 	return true;
-}
-
-void remove_shm_of(pid_t pid)
-{
-	char prefix[32], path[300];
-	struct dirent *e;
-	DIR *d = opendir("/dev/shm");
-
-	if (!d)
-		return;
-	snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
-	while ((e = readdir(d)) != NULL) {
-		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-			snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-			unlink(path);
-		}
-	}
-	closedir(d);
 }

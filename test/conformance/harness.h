@@ -78,12 +78,6 @@ int harness_write(struct side *from, const void *src, size_t len, struct tfab_mr
 /* Register a buffer on a side, failing the test on error. */
 struct tfab_mr *harness_reg(struct side *s, void *buf, size_t len);
 
-/*
- * After killing a child: libfabric's shm leaves the dead process's region in /dev/shm, named
- * after its pid, and a later process given the same pid then fails to open shm (EBUSY).
- */
-void remove_shm_of(pid_t pid);
-
 /* Fill with a pattern derived from seed; check it. */
 void fill_pattern(void *buf, size_t len, uint64_t seed);
 bool check_pattern(const void *buf, size_t len, uint64_t seed, size_t *bad_off_p);

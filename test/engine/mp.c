@@ -18,11 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <dirent.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "test/common/shm_cleanup.h"
 #include "mp.h"
 
 #define SETUP_MS 30000
@@ -200,25 +200,6 @@ static const struct mp_scenario *find(const char *name)
 		if (strcmp(table[i].name, name) == 0)
 			return &table[i];
 	return NULL;
-}
-
-/* libfabric's shm leaves a killed process's region in /dev/shm, named after its pid. */
-static void remove_shm_of(pid_t pid)
-{
-	char prefix[32], path[300];
-	struct dirent *e;
-	DIR *d = opendir("/dev/shm");
-
-	if (!d)
-		return;
-	snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
-	while ((e = readdir(d)) != NULL) {
-		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
-			snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-			unlink(path);
-		}
-	}
-	closedir(d);
 }
 
 static void run_scenario(void **state)
