@@ -271,20 +271,30 @@ err_block:
 	return rc;
 }
 
+/*
+ * With the lock taken, the handed-out block of buf; on NULL the lock is dropped and the
+ * misuse logged once, here.
+ */
+static struct pool_block *lock_block_out(struct tfab_pool *p, void *buf, const char *what)
+{
+	struct pool_block *b;
+
+	pthread_mutex_lock(&p->lock);
+	b = hash_find(p, buf);
+	if (b && b->out)
+		return b;
+	pthread_mutex_unlock(&p->lock);
+	TFAB_ERROR(SUBSYS, "%p is %s; not %s", buf,
+		   b ? "already free (freed twice?)" : "not a block of this pool", what);
+	return NULL;
+}
+
 void tfab__pool_free(struct tfab_pool *p, void *buf)
 {
 	struct pool_block *b;
 
-	if (!p || !buf)
+	if (!p || !buf || !(b = lock_block_out(p, buf, "freed")))
 		return;
-	pthread_mutex_lock(&p->lock);
-	b = hash_find(p, buf);
-	if (!b || !b->out) {
-		pthread_mutex_unlock(&p->lock);
-		TFAB_ERROR(SUBSYS, "%p is %s; ignored", buf,
-			   b ? "already free (freed twice?)" : "not a block of this pool");
-		return;
-	}
 	b->out = false;
 	b->next = p->free_list[b->cls];
 	p->free_list[b->cls] = b;
@@ -337,15 +347,8 @@ void tfab__pool_discard(struct tfab_pool *p, void *buf)
 {
 	struct pool_block *b;
 
-	if (!p || !buf)
+	if (!p || !buf || !(b = lock_block_out(p, buf, "discarded")))
 		return;
-	pthread_mutex_lock(&p->lock);
-	b = hash_find(p, buf);
-	if (!b || !b->out) {
-		pthread_mutex_unlock(&p->lock);
-		TFAB_ERROR(SUBSYS, "%p is not a block of this pool in use; not discarded", buf);
-		return;
-	}
 	hash_del(p, b);
 	p->st.blocks_out--;
 	pthread_mutex_unlock(&p->lock);
