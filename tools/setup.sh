@@ -11,7 +11,7 @@ packages=(
 	build-essential meson ninja-build pkg-config python3
 	libfabric-dev libfabric-bin
 	libibverbs-dev ibverbs-providers rdma-core
-	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler
+	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
 	libcmocka-dev valgrind clang-format
 )
 

@@ -10,6 +10,8 @@
 #include <tfab/log.h>
 #include <tfab/config.h>
 #include <tfab/engine.h>
+#include <tfab/strings.h>
+#include <tfab/tensorproto.h>
 
 #ifdef __cplusplus
 extern "C" {

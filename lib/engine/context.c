@@ -56,7 +56,10 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 	{
 		struct tfab_request *r = tfab_container_of(l, struct tfab_request, done_link);
 
-		r->cb(r->arg, r->status, r->out, r->is_dead);
+		if (r->strings)
+			r->scb(r->arg, r->status, r->sout, r->is_dead);
+		else
+			r->cb(r->arg, r->status, r->out, r->is_dead);
 	}
 	tfab_list_for_each_safe(l, t, &sends)
 	{
@@ -79,7 +82,7 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 			s->orphan = true; /* freed when its write completes */
 			ctx->orphans++;
 		} else {
-			free(s);
+			tfab__send_free(ctx, s);
 		}
 	}
 	pthread_mutex_unlock(&ctx->lock);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include <tfab/engine.h>
+#include <tfab/strings.h>
 
 #include "engine/mr_cache.h"
 #include "engine/pool.h"
@@ -112,6 +113,10 @@ struct tfab_request {
 	bool is_dead;
 	DLManagedTensor *out;
 	tfab_recv_cb cb;
+	/* a string tensor's receive (tfab_recv_strings): these instead of cb and out */
+	bool strings;
+	tfab_recv_strings_cb scb;
+	struct tfab_string_tensor *sout;
 	void *arg;
 };
 
@@ -144,6 +149,7 @@ struct tfab_send {
 	uint16_t key_len;
 	char key[TFAB_MAX_KEY + 1];
 	void *data;
+	bool data_pool; /* data is a pool block of ours (a serialized tensor), mr its region */
 	struct tfab_wire_meta meta;
 	struct tfab_mr *mr;
 	struct tfab_response resp; /* the request being answered, while WRITING */
@@ -209,6 +215,13 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 			  const struct tfab_wire_meta *meta);
 
 /* recv.c */
+/* Post a receive: a DLPack one with cb, or a string tensor's with scb (dest NULL). */
+int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		    DLTensor *dest, tfab_recv_cb cb, tfab_recv_strings_cb scb, void *arg);
+/* The blocking receive of either kind. */
+int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		    DLTensor *dest, bool strings, int timeout_ms, DLManagedTensor **tensor_p,
+		    struct tfab_string_tensor **strings_p, bool *is_dead_p);
 void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len);
 void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender);
@@ -223,6 +236,19 @@ void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
+/*
+ * Offer data with meta under (key, step). With pool_mr, data is a pool block (pool_mr its
+ * region) that the send owns from here on, even when this fails.
+ */
+int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step,
+		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
+		     tfab_send_cb cb, void *arg);
+/* Free a finished send and what it owns. */
+void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
+
+/* strings.c */
+/* A string request's content (or its absence) became its tensor; 0 or a status. */
+int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t nbytes);
 
 /* tensor.c */
 /* A key's length: 1..512 bytes, else -EINVAL or -ENAMETOOLONG. */

@@ -218,6 +218,13 @@ static void request_complete(struct tfab_request *r, uint64_t nbytes)
 	ctx->stats.requests++;
 	ctx->stats.bytes_received += nbytes;
 	r->is_dead = r->meta.is_dead;
+	if (r->strings) {
+		int rc = tfab__strings_complete(r, r->dest, nbytes);
+
+		dest_release(r, false);
+		request_done(r, rc);
+		return;
+	}
 	if (!r->user_dest && !r->is_dead) {
 		r->out = tfab__managed_new(ctx, &r->meta, r->dest_pool ? r->dest : NULL);
 		if (!r->out) {
@@ -269,6 +276,13 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		return;
 	}
 	/* META_DATA: the sender's tensor differs from what we asked for, or needs no content. */
+	if ((m->meta.dtype_code == TFAB_WIRE_DTYPE_STRING) != r->strings) {
+		TFAB_ERROR(SUBSYS, "receive of '%s' step %lld: the sender has a %s tensor: use %s",
+			   r->key, (long long)r->step, r->strings ? "DLPack" : "string",
+			   r->strings ? "tfab_recv" : "tfab_recv_strings");
+		tfab__request_fail(r, -EPROTOTYPE, false);
+		return;
+	}
 	rc = tfab__peer_meta_store(peer, r->key, r->key_len, &m->meta);
 	if (rc) {
 		tfab__request_fail(r, rc, true);
@@ -289,8 +303,8 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 }
 
 static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
-		      int64_t step, DLTensor *dest, tfab_recv_cb cb, void *arg,
-		      struct tfab_request **r_p)
+		      int64_t step, DLTensor *dest, tfab_recv_cb cb, tfab_recv_strings_cb scb,
+		      void *arg, struct tfab_request **r_p)
 {
 	struct tfab_meta_entry *e;
 	struct tfab_request *r;
@@ -299,7 +313,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	void *data;
 	int rc;
 
-	if (!ctx || !peer || !cb || peer->ctx != ctx)
+	if (!ctx || !peer || !cb == !scb || (scb && dest) || peer->ctx != ctx)
 		return -EINVAL;
 	rc = tfab__check_key(key, &key_len);
 	if (rc)
@@ -323,6 +337,8 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	memcpy(r->key, key, key_len);
 	r->user_dest = dest;
 	r->cb = cb;
+	r->scb = scb;
+	r->strings = scb != NULL;
 	r->arg = arg;
 	r->state = TFAB_REQ_REQUESTED;
 	tfab__list_init(&r->link);
@@ -333,6 +349,9 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		return rc;
 	}
 	e = tfab__peer_meta_find(peer, key, (uint16_t)key_len);
+	/* A key that changed kind is a miss: never size a string for a DLPack receive. */
+	if (e && (e->meta.dtype_code == TFAB_WIRE_DTYPE_STRING) != r->strings)
+		e = NULL;
 	if (e) {
 		ctx->stats.meta_hits++;
 		r->meta = e->meta;
@@ -360,25 +379,34 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	return 0;
 }
 
-int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
-	      DLTensor *dest, tfab_recv_cb cb, void *arg)
+int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		    DLTensor *dest, tfab_recv_cb cb, tfab_recv_strings_cb scb, void *arg)
 {
 	int rc;
 
 	if (!ctx)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step_id, dest, cb, arg, NULL);
+	rc = recv_start(ctx, peer, key, step, dest, cb, scb, arg, NULL);
 	if (rc == 0)
 		tfab__peers_flush(ctx);
 	tfab__ctx_unlock(ctx);
 	return rc;
 }
 
+int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
+	      DLTensor *dest, tfab_recv_cb cb, void *arg)
+{
+	if (!cb)
+		return -EINVAL;
+	return tfab__recv_post(ctx, peer, key, step_id, dest, cb, NULL, arg);
+}
+
 struct sync_wait {
 	int done; /* atomic */
 	int status;
 	DLManagedTensor *tensor;
+	struct tfab_string_tensor *strings;
 	bool is_dead;
 };
 
@@ -388,6 +416,16 @@ static void sync_cb(void *arg, int status, DLManagedTensor *tensor, bool is_dead
 
 	w->status = status;
 	w->tensor = tensor;
+	w->is_dead = is_dead;
+	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+}
+
+static void sync_strings_cb(void *arg, int status, struct tfab_string_tensor *t, bool is_dead)
+{
+	struct sync_wait *w = arg;
+
+	w->status = status;
+	w->strings = t;
 	w->is_dead = is_dead;
 	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
 }
@@ -414,9 +452,9 @@ static bool sync_wait_until(struct tfab_context *ctx, struct sync_wait *w, uint6
 	return sync_done(w);
 }
 
-int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
-		   int64_t step_id, DLTensor *dest, int timeout_ms, DLManagedTensor **tensor_p,
-		   bool *is_dead_p)
+int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		    DLTensor *dest, bool strings, int timeout_ms, DLManagedTensor **tensor_p,
+		    struct tfab_string_tensor **strings_p, bool *is_dead_p)
 {
 	struct sync_wait w = {0};
 	struct tfab_request *r = NULL;
@@ -426,7 +464,8 @@ int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 	if (!ctx || timeout_ms < 0)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step_id, dest, sync_cb, &w, &r);
+	rc = recv_start(ctx, peer, key, step, dest, strings ? NULL : sync_cb,
+			strings ? sync_strings_cb : NULL, &w, &r);
 	if (rc == 0)
 		tfab__peers_flush(ctx);
 	tfab__ctx_unlock(ctx);
@@ -446,8 +485,20 @@ int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 			*tensor_p = w.tensor;
 		else if (w.tensor)
 			w.tensor->deleter(w.tensor);
+		if (strings_p)
+			*strings_p = w.strings;
+		else
+			tfab_string_tensor_free(w.strings);
 		if (is_dead_p)
 			*is_dead_p = w.is_dead;
 	}
 	return w.status;
+}
+
+int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		   int64_t step_id, DLTensor *dest, int timeout_ms, DLManagedTensor **tensor_p,
+		   bool *is_dead_p)
+{
+	return tfab__recv_wait(ctx, peer, key, step_id, dest, false, timeout_ms, tensor_p, NULL,
+			       is_dead_p);
 }

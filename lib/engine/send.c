@@ -89,11 +89,19 @@ static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int statu
 	s->status = status;
 	if (status == 0)
 		ctx->stats.sends++;
-	if (s->mr && !s->in_flight) {
+	if (s->mr && !s->in_flight && !s->data_pool) {
 		tfab__mr_cache_put(ctx->mr_cache, s->mr);
 		s->mr = NULL;
 	}
 	tfab__list_add_tail(&ctx->done_sends, &s->done_link);
+}
+
+void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s)
+{
+	/* A serialized tensor's block: the receiver may still be reading it only if in flight. */
+	if (s->data_pool && s->data)
+		tfab__pool_free(ctx->pool, s->data);
+	free(s);
 }
 
 static int post_content(struct tfab_context *ctx, struct tfab_send *s)
@@ -122,8 +130,9 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
 	    q->dest_capacity >= s->meta.nbytes && !no_content) {
 		s->state = TFAB_SEND_WRITING;
-		rc = tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes, TFAB_MR_LOCAL_WRITE,
-					&s->mr);
+		rc = s->data_pool ? 0
+				  : tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes,
+						       TFAB_MR_LOCAL_WRITE, &s->mr);
 		if (rc == 0) {
 			rc = post_content(ctx, s);
 			if (rc == -EAGAIN) {
@@ -233,12 +242,13 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 	peer->users--;
 	if (s->state == TFAB_SEND_DONE) {
 		/* Failed while in flight: its callback has run (orphan) or is queued. */
-		if (s->mr)
+		if (s->mr && !s->data_pool) {
 			tfab__mr_cache_put(ctx->mr_cache, s->mr);
-		s->mr = NULL;
+			s->mr = NULL;
+		}
 		if (s->orphan) {
 			ctx->orphans--;
-			free(s);
+			tfab__send_free(ctx, s);
 		}
 		return;
 	}
@@ -351,38 +361,37 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 	}
 }
 
-int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
-	      bool is_dead, tfab_send_cb cb, void *arg)
+int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
+		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
+		     tfab_send_cb cb, void *arg)
 {
-	struct tfab_wire_meta meta;
+	bool data_pool = pool_mr != NULL;
 	struct tfab_response *p;
 	struct tfab_send *s;
 	size_t key_len;
-	void *data;
 	int rc;
 
-	if (!ctx || !t || !cb)
-		return -EINVAL;
 	rc = tfab__check_key(key, &key_len);
 	if (rc)
-		return rc;
-	rc = tfab__meta_from_dltensor(t, is_dead, &meta, &data);
-	if (rc)
-		return rc;
+		goto err_data;
 	s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
+	if (!s) {
+		rc = -ENOMEM;
+		goto err_data;
+	}
 	s->w.kind = TFAB_WCTX_CONTENT;
 	s->step = step_id;
 	s->key_len = (uint16_t)key_len;
 	memcpy(s->key, key, key_len);
 	s->data = data;
-	s->meta = meta;
+	s->data_pool = data_pool;
+	s->meta = *meta;
 	s->cb = cb;
 	s->arg = arg;
 	s->state = TFAB_SEND_WAITING;
 	tfab__list_init(&s->link);
 	tfab__list_init(&s->done_link);
+	s->mr = pool_mr; /* a block's own region is the source of its write */
 
 	tfab__ctx_lock(ctx);
 	if (ctx->abort_status) {
@@ -410,6 +419,25 @@ int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const 
 	return 0;
 err:
 	tfab__ctx_unlock(ctx);
-	free(s);
+	tfab__send_free(ctx, s);
 	return rc;
+err_data:
+	if (data_pool && data)
+		tfab__pool_free(ctx->pool, data);
+	return rc;
+}
+
+int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
+	      bool is_dead, tfab_send_cb cb, void *arg)
+{
+	struct tfab_wire_meta meta;
+	void *data;
+	int rc;
+
+	if (!ctx || !t || !cb)
+		return -EINVAL;
+	rc = tfab__meta_from_dltensor(t, is_dead, &meta, &data);
+	if (rc)
+		return rc;
+	return tfab__send_start(ctx, key, step_id, &meta, data, NULL, cb, arg);
 }

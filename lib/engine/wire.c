@@ -194,6 +194,11 @@ static bool meta_valid(const struct tfab_wire_meta *mt)
 			if (!mul_u64(elems, (uint64_t)mt->shape[i], &elems))
 				return false;
 	}
+	/* Strings: the serialized TensorProto's size, none when empty or dead. */
+	if (mt->dtype_code == TFAB_WIRE_DTYPE_STRING)
+		return mt->dtype_bits == 0 && mt->dtype_lanes == 0 &&
+		       mt->nbytes <= TFAB_WIRE_MAX_STRING_BYTES && (elems || mt->nbytes == 0) &&
+		       (!mt->is_dead || mt->nbytes == 0);
 	/* ceil(elems * bits / 8) without overflowing on the way to a result that fits. */
 	bits = (uint64_t)mt->dtype_bits * mt->dtype_lanes;
 	if (!mul_u64(elems / 8, bits, &whole))

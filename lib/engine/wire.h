@@ -85,6 +85,13 @@ enum {
 	TFAB_MSGF_COMPLETE = 4,
 };
 
+/*
+ * dtype_code of a string tensor (bits and lanes 0): its content is a TensorProto, nbytes its
+ * serialized size, 0 when the tensor is empty or dead.
+ */
+#define TFAB_WIRE_DTYPE_STRING 0xffu
+#define TFAB_WIRE_MAX_STRING_BYTES 0x7fffffffu
+
 struct tfab_wire_meta {
 	uint8_t dtype_code;
 	uint8_t dtype_bits;

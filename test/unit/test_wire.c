@@ -730,13 +730,58 @@ static void test_meta_data_round_trip(void **state)
 	m.meta.nbytes = 0;
 	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 4 + 16 + 24);
 
-	m.meta.dtype_code = 255;
+	m.meta.dtype_code = 254;
 	m.meta.dtype_bits = 8;
 	m.meta.dtype_lanes = 1;
 	m.meta.ndim = 1;
 	m.meta.shape[0] = INT64_MAX;
 	m.meta.nbytes = INT64_MAX;
 	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 4 + 16 + 8);
+
+	/* A string tensor: nbytes is its TensorProto's size, up to 2 GiB - 1, not the shape's. */
+	m.flags = 0;
+	m.meta.dtype_code = TFAB_WIRE_DTYPE_STRING;
+	m.meta.dtype_bits = 0;
+	m.meta.dtype_lanes = 0;
+	m.meta.shape[0] = 3;
+	m.meta.nbytes = TFAB_WIRE_MAX_STRING_BYTES;
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 4 + 16 + 8);
+}
+
+/* String meta-data that breaks its rules is refused. */
+static void test_reject_string_meta(void **state)
+{
+	struct tfab_wire_msg m;
+	uint8_t slot[SLOT];
+	size_t len;
+
+	(void)state;
+	for (int k = 0; k < 5; k++) {
+		memset(&m, 0, sizeof(m));
+		m.type = TFAB_MSG_META_DATA;
+		m.meta.dtype_code = TFAB_WIRE_DTYPE_STRING;
+		m.meta.ndim = 1;
+		m.meta.shape[0] = 2;
+		m.meta.nbytes = 10;
+		switch (k) {
+		case 0: /* bits of a DLPack type */
+			m.meta.dtype_bits = 8;
+			break;
+		case 1: /* lanes */
+			m.meta.dtype_lanes = 1;
+			break;
+		case 2: /* content for an empty tensor */
+			m.meta.shape[0] = 0;
+			break;
+		case 3: /* content for a dead tensor */
+			m.meta.is_dead = 1;
+			break;
+		default: /* over TensorFlow's 2 GiB */
+			m.meta.nbytes = (uint64_t)TFAB_WIRE_MAX_STRING_BYTES + 1;
+			break;
+		}
+		assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	}
 }
 
 static void test_error_round_trip(void **state)
@@ -1656,6 +1701,7 @@ int main(void)
 	    cmocka_unit_test(test_reject_header),
 	    cmocka_unit_test(test_reject_request),
 	    cmocka_unit_test(test_reject_meta),
+	    cmocka_unit_test(test_reject_string_meta),
 	    cmocka_unit_test(test_reject_error),
 	    cmocka_unit_test(test_reject_cancel),
 	    cmocka_unit_test(test_truncated),

@@ -1,0 +1,133 @@
+/*
+ * String tensors over the engine: the one path that is not zero-copy. The sender serializes
+ * the strings as a TensorProto into a registered pool block (the send owns it), and the usual
+ * request/response cycle moves those bytes, the meta-data carrying their size; the receiver
+ * parses the block into a tfab_string_tensor. Both copies count in bytes_copied.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include <tfab/status.h>
+#include <tfab/tensorproto.h>
+
+#include "engine/engine.h"
+#include "proto/tensorproto.h"
+#include "util/log.h"
+
+#define SUBSYS TFAB_ENGINE_SUBSYS
+
+#ifdef TFAB_HAVE_PROTOBUF
+#define HAVE_PROTOBUF true
+#else
+#define HAVE_PROTOBUF false
+#endif
+
+int64_t tfab_string_tensor_count(const struct tfab_string_tensor *t)
+{
+	int64_t n = 1;
+
+	if (!t || t->ndim < 0 || t->ndim > TFAB_MAX_DIMS || (t->ndim && !t->shape))
+		return -EINVAL;
+	for (int i = 0; i < t->ndim; i++) {
+		if (t->shape[i] < 0)
+			return -EINVAL;
+		if (t->shape[i] && n > INT64_MAX / t->shape[i])
+			return -EOVERFLOW;
+		n *= t->shape[i];
+	}
+	return n;
+}
+
+static void count_copied(struct tfab_context *ctx, uint64_t n)
+{
+	tfab__ctx_lock(ctx);
+	ctx->stats.bytes_copied += n;
+	tfab__ctx_unlock(ctx);
+}
+
+int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,
+		      const struct tfab_string_tensor *t, bool is_dead, tfab_send_cb cb, void *arg)
+{
+	struct tfab_wire_meta meta = {.dtype_code = TFAB_WIRE_DTYPE_STRING};
+	struct tfab_mr *mr = NULL;
+	void *buf = NULL;
+	int64_t count;
+	size_t len;
+	int rc;
+
+	if (!HAVE_PROTOBUF)
+		return tfab_tensorproto_encode_strings(t, NULL, 0, &len); /* says why */
+	if (!ctx || !t || !cb)
+		return -EINVAL;
+	count = tfab_string_tensor_count(t);
+	if (count < 0)
+		return (int)count;
+	meta.is_dead = is_dead;
+	meta.ndim = (uint8_t)t->ndim;
+	memcpy(meta.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+	if (!is_dead && count > 0) {
+		rc = tfab_tensorproto_encode_strings(t, NULL, 0, &len);
+		if (rc != -ENOSPC)
+			return rc ? rc : -EIO;
+		rc = tfab__pool_alloc(ctx->pool, len, &buf, &mr);
+		if (rc)
+			return rc;
+		rc = tfab_tensorproto_encode_strings(t, buf, len, &len);
+		if (rc) {
+			tfab__pool_free(ctx->pool, buf);
+			return rc;
+		}
+		meta.nbytes = len;
+		count_copied(ctx, len);
+	}
+	return tfab__send_start(ctx, key, step_id, &meta, buf, mr, cb, arg);
+}
+
+int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t nbytes)
+{
+	struct tfab_string_tensor *t = NULL;
+	int rc;
+
+	r->sout = NULL;
+	if (r->is_dead)
+		return 0;
+	if (nbytes == 0) {
+		r->sout = tfab__strings_empty(r->meta.ndim, r->meta.shape);
+		return r->sout ? 0 : -ENOMEM;
+	}
+	rc = tfab_tensorproto_decode(content, nbytes, NULL, &t);
+	if (rc)
+		return rc;
+	/* The bytes must describe the tensor the meta-data announced. */
+	if (t->ndim != r->meta.ndim ||
+	    memcmp(t->shape, r->meta.shape, sizeof(int64_t) * (size_t)t->ndim) != 0) {
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s': the TensorProto's shape is not the meta-data's",
+			   r->key);
+		tfab_string_tensor_free(t);
+		return -TFAB_ERR_PROTOCOL;
+	}
+	r->ctx->stats.bytes_copied += nbytes;
+	r->sout = t;
+	return 0;
+}
+
+int tfab_recv_strings(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		      int64_t step_id, tfab_recv_strings_cb cb, void *arg)
+{
+	if (!HAVE_PROTOBUF)
+		return tfab_tensorproto_decode(NULL, 0, NULL, NULL);
+	if (!cb)
+		return -EINVAL;
+	return tfab__recv_post(ctx, peer, key, step_id, NULL, NULL, cb, arg);
+}
+
+int tfab_recv_strings_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			   int64_t step_id, int timeout_ms, struct tfab_string_tensor **tensor_p,
+			   bool *is_dead_p)
+{
+	if (!HAVE_PROTOBUF)
+		return tfab_tensorproto_decode(NULL, 0, NULL, NULL);
+	return tfab__recv_wait(ctx, peer, key, step_id, NULL, true, timeout_ms, NULL, tensor_p,
+			       is_dead_p);
+}

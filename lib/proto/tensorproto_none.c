@@ -1,0 +1,44 @@
+/* TensorProto conversions in a build without protobuf-c: every call says so. */
+#include <errno.h>
+
+#include <tfab/tensorproto.h>
+
+#include "proto/tensorproto.h"
+#include "util/log.h"
+
+static int none(void)
+{
+	TFAB_ERROR("tensorproto", "built without protobuf-c: no TensorProto or string tensors");
+	return -EOPNOTSUPP;
+}
+
+int tfab_tensorproto_encode(const DLTensor *t, void *buf, size_t cap, size_t *len_p)
+{
+	(void)t, (void)buf, (void)cap, (void)len_p;
+	return none();
+}
+
+int tfab_tensorproto_encode_strings(const struct tfab_string_tensor *t, void *buf, size_t cap,
+				    size_t *len_p)
+{
+	(void)t, (void)buf, (void)cap, (void)len_p;
+	return none();
+}
+
+int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
+			    struct tfab_string_tensor **strings_p)
+{
+	(void)buf, (void)len, (void)tensor_p, (void)strings_p;
+	return none();
+}
+
+void tfab_string_tensor_free(struct tfab_string_tensor *t)
+{
+	(void)t; /* no build without protobuf-c makes one */
+}
+
+struct tfab_string_tensor *tfab__strings_empty(int ndim, const int64_t *shape)
+{
+	(void)ndim, (void)shape;
+	return NULL;
+}

@@ -1,0 +1,365 @@
+/*
+ * String tensors between processes: shapes from scalars to empty ones, empty strings and
+ * non-UTF-8 bytes, a 64 MiB string, size changes between steps (the re-request path), dead
+ * tensors, receives before and after sends, and a key received as the wrong kind (a clear
+ * error that leaves the send for the right receive). Rank 1 sends, rank 0 receives.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mp.h"
+
+#define WAIT_MS 60000
+#define MAX_ELEMS 64
+
+/* A string tensor whose bytes follow from (seed, element): lengths vary, bytes include 0x00
+ * and 0xff. */
+struct strings {
+	struct tfab_string_tensor t;
+	int64_t shape[4];
+	struct tfab_string s[MAX_ELEMS];
+	char *bytes[MAX_ELEMS];
+};
+
+static size_t len_of(uint64_t seed, int64_t i, size_t max_len)
+{
+	return max_len ? (size_t)((seed * 2654435761u + (uint64_t)i * 40503u) % (max_len + 1)) : 0;
+}
+
+static char byte_of(uint64_t seed, int64_t i, size_t k)
+{
+	return (char)(uint8_t)(seed * 31 + (uint64_t)i * 17 + k * 251);
+}
+
+static void strings_make(struct strings *s, int ndim, const int64_t *shape, uint64_t seed,
+			 size_t max_len)
+{
+	int64_t n;
+
+	memset(s, 0, sizeof(*s));
+	s->t.ndim = ndim;
+	memcpy(s->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	s->t.shape = s->shape;
+	s->t.strings = s->s;
+	n = tfab_string_tensor_count(&s->t);
+	for (int64_t i = 0; i < n && i < MAX_ELEMS; i++) {
+		size_t len = len_of(seed, i, max_len);
+
+		s->bytes[i] = malloc(len ? len : 1);
+		for (size_t k = 0; k < len; k++)
+			s->bytes[i][k] = byte_of(seed, i, k);
+		s->s[i].data = s->bytes[i];
+		s->s[i].len = len;
+	}
+}
+
+/* Overwrite and free the bytes: a sent tensor's memory is the caller's again at once. */
+static void strings_free(struct strings *s)
+{
+	for (int i = 0; i < MAX_ELEMS; i++) {
+		if (s->bytes[i])
+			memset(s->bytes[i], 0x5a, s->s[i].len);
+		free(s->bytes[i]);
+	}
+}
+
+static bool strings_match(const struct tfab_string_tensor *got, int ndim, const int64_t *shape,
+			  uint64_t seed, size_t max_len)
+{
+	int64_t n;
+
+	if (!got || got->ndim != ndim || memcmp(got->shape, shape, sizeof(int64_t) * ndim) != 0)
+		return false;
+	n = tfab_string_tensor_count(got);
+	for (int64_t i = 0; i < n; i++) {
+		size_t len = len_of(seed, i, max_len);
+
+		if (got->strings[i].len != len)
+			return false;
+		for (size_t k = 0; k < len; k++)
+			if (got->strings[i].data[k] != byte_of(seed, i, k))
+				return false;
+	}
+	return true;
+}
+
+struct sent {
+	volatile int n, all, errors;
+	int want;
+};
+
+static void on_sent(void *arg, int status)
+{
+	struct sent *d = arg;
+
+	if (status)
+		d->errors++;
+	if (++d->n == d->want)
+		d->all = 1;
+}
+
+struct got {
+	volatile int done;
+	int status;
+	struct tfab_string_tensor *t;
+	bool is_dead;
+};
+
+static void on_strings(void *arg, int status, struct tfab_string_tensor *t, bool is_dead)
+{
+	struct got *g = arg;
+
+	g->status = status;
+	g->t = t;
+	g->is_dead = is_dead;
+	g->done = 1;
+}
+
+/* The steps of one key: shapes, lengths and deadness change from step to step. */
+struct step_case {
+	int ndim;
+	int64_t shape[4];
+	size_t max_len;
+	bool dead;
+};
+
+static const struct step_case cases[] = {
+    {0, {0}, 5, false},		  /* a scalar */
+    {1, {3}, 0, false},		  /* three empty strings */
+    {1, {3}, 40, false},	  /* same shape, other lengths: a re-request */
+    {2, {2, 3}, 1000, false},	  /* a new shape */
+    {2, {2, 3}, 1000, false},	  /* the same serialized size as before: direct */
+    {1, {0}, 10, false},	  /* empty tensor: meta-data alone */
+    {3, {4, 0, 2}, 10, false},	  /* empty in the middle */
+    {1, {2}, 10, true},		  /* dead */
+    {1, {MAX_ELEMS}, 300, false}, /* many elements */
+    {1, {1}, 65536, false},	  /* a 64 KiB string */
+};
+#define NCASES ((int)(sizeof(cases) / sizeof(cases[0])))
+
+/* Rank 1 sends every case under "words" (steps 1..), rank 0 receives; recv_first posts the
+ * receives before the sends. */
+static int steps(struct mp *mp, bool recv_first, int64_t base)
+{
+	if (mp->rank == 1) {
+		struct sent d = {.want = NCASES};
+
+		if (recv_first)
+			CHECK(mp_barrier(mp, base) == 0);
+		for (int i = 0; i < NCASES; i++) {
+			struct strings s;
+
+			strings_make(&s, cases[i].ndim, cases[i].shape, (uint64_t)(base + i),
+				     cases[i].max_len);
+			CHECK_RC(tfab_send_strings(mp->ctx, "words", base + i, &s.t, cases[i].dead,
+						   on_sent, &d),
+				 0);
+			strings_free(&s);
+		}
+		if (!recv_first)
+			CHECK(mp_barrier(mp, base) == 0);
+		CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	struct got g[NCASES];
+
+	memset(g, 0, sizeof(g));
+	if (!recv_first)
+		CHECK(mp_barrier(mp, base) == 0);
+	for (int i = 0; i < NCASES; i++)
+		CHECK_RC(
+		    tfab_recv_strings(mp->ctx, mp->peers[1], "words", base + i, on_strings, &g[i]),
+		    0);
+	if (recv_first)
+		CHECK(mp_barrier(mp, base) == 0);
+	for (int i = 0; i < NCASES; i++) {
+		CHECK(mp_wait_flag(mp, &g[i].done, WAIT_MS));
+		CHECK_RC(g[i].status, 0);
+		CHECK(g[i].is_dead == cases[i].dead);
+		if (cases[i].dead) {
+			CHECK(g[i].t == NULL);
+			continue;
+		}
+		CHECK(strings_match(g[i].t, cases[i].ndim, cases[i].shape, (uint64_t)(base + i),
+				    cases[i].max_len));
+		tfab_string_tensor_free(g[i].t);
+	}
+	return 0;
+}
+
+static int sc_strings_send_first(struct mp *mp)
+{
+	struct tfab_stats st0, st;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+	CHECK(steps(mp, false, 1) == 0);
+	CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+	/* Strings are the path that copies: serialization here, parsing there. */
+	CHECK(st.bytes_copied > st0.bytes_copied);
+	return 0;
+}
+
+static int sc_strings_recv_first(struct mp *mp)
+{
+	return steps(mp, true, 100);
+}
+
+/*
+ * One key, one shape, steps whose serialized size changes or not: a change re-requests (the
+ * meta-data reply), an equal size is written at once into the cached-size destination.
+ */
+static int sc_strings_resize(struct mp *mp)
+{
+	static const size_t lens[5] = {10, 10, 500, 500, 3};
+	static const int64_t shape[1] = {1};
+	struct tfab_stats st0, st;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+	for (int i = 0; i < 5; i++) {
+		char *b = malloc(lens[i]);
+		struct tfab_string one = {b, lens[i]};
+		struct tfab_string_tensor t = {1, shape, &one};
+
+		memset(b, 'a' + i, lens[i]);
+		if (mp->rank == 1) {
+			struct sent d = {.want = 1};
+
+			CHECK_RC(tfab_send_strings(mp->ctx, "sized", i, &t, false, on_sent, &d), 0);
+			CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+			CHECK(d.errors == 0);
+		} else {
+			struct tfab_string_tensor *got = NULL;
+
+			CHECK_RC(tfab_recv_strings_sync(mp->ctx, mp->peers[1], "sized", i, WAIT_MS,
+							&got, NULL),
+				 0);
+			CHECK(got && got->ndim == 1 && got->shape[0] == 1);
+			CHECK(got->strings[0].len == lens[i]);
+			CHECK(memcmp(got->strings[0].data, b, lens[i]) == 0);
+			tfab_string_tensor_free(got);
+		}
+		free(b);
+	}
+	if (mp->rank == 0) {
+		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+		/* step 0 learns the size, 2 and 4 change it */
+		CHECK(st.rerequests - st0.rerequests == 3);
+		CHECK(st.meta_misses - st0.meta_misses == 1);
+	}
+	return 0;
+}
+
+/* A single 64 MiB string of every byte value. */
+static int sc_strings_big(struct mp *mp)
+{
+	const size_t len = 64u << 20;
+	static const int64_t shape[1] = {1};
+	char *b = malloc(len);
+
+	CHECK(b != NULL);
+	for (size_t k = 0; k < len; k++)
+		b[k] = (char)(uint8_t)(k * 7 + (k >> 20));
+	if (mp->rank == 1) {
+		struct tfab_string one = {b, len};
+		struct tfab_string_tensor t = {1, shape, &one};
+		struct sent d = {.want = 1};
+
+		CHECK_RC(tfab_send_strings(mp->ctx, "big", 1, &t, false, on_sent, &d), 0);
+		CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+		CHECK(d.errors == 0);
+	} else {
+		struct tfab_string_tensor *got = NULL;
+
+		CHECK_RC(
+		    tfab_recv_strings_sync(mp->ctx, mp->peers[1], "big", 1, WAIT_MS, &got, NULL),
+		    0);
+		CHECK(got && got->ndim == 1 && got->shape[0] == 1 && got->strings[0].len == len);
+		CHECK(memcmp(got->strings[0].data, b, len) == 0);
+		tfab_string_tensor_free(got);
+	}
+	free(b);
+	return 0;
+}
+
+/*
+ * The wrong kind of receive fails with -EPROTOTYPE and consumes nothing: the right receive
+ * of the same key and step still gets the tensor.
+ */
+static int sc_strings_kind(struct mp *mp)
+{
+	static const int64_t shape[1] = {4};
+	float f[4] = {1, 2, 3, 4};
+	DLTensor num = {.data = f,
+			.device = {kDLCPU, 0},
+			.ndim = 1,
+			.dtype = {kDLFloat, 32, 1},
+			.shape = (int64_t *)shape};
+	struct tfab_string words[4] = {{"w", 1}, {"x", 1}, {"", 0}, {"zz", 2}};
+	struct tfab_string_tensor st = {1, shape, words};
+
+	if (mp->rank == 1) {
+		struct sent d = {.want = 2};
+
+		CHECK_RC(tfab_send(mp->ctx, "numbers", 1, &num, false, on_sent, &d), 0);
+		CHECK_RC(tfab_send_strings(mp->ctx, "text", 1, &st, false, on_sent, &d), 0);
+		CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	struct tfab_string_tensor *got = NULL;
+	DLManagedTensor *m = NULL;
+
+	CHECK_RC(tfab_recv_strings_sync(mp->ctx, mp->peers[1], "numbers", 1, WAIT_MS, &got, NULL),
+		 -EPROTOTYPE);
+	CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "text", 1, NULL, WAIT_MS, &m, NULL),
+		 -EPROTOTYPE);
+	/* The sends are still there for the right receives. */
+	CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "numbers", 1, NULL, WAIT_MS, &m, NULL), 0);
+	CHECK(m && m->dl_tensor.ndim == 1 && memcmp(m->dl_tensor.data, f, sizeof(f)) == 0);
+	m->deleter(m);
+	CHECK_RC(tfab_recv_strings_sync(mp->ctx, mp->peers[1], "text", 1, WAIT_MS, &got, NULL), 0);
+	CHECK(got && got->ndim == 1 && got->shape[0] == 4);
+	for (int i = 0; i < 4; i++)
+		CHECK(got->strings[i].len == words[i].len &&
+		      memcmp(got->strings[i].data, words[i].data, words[i].len) == 0);
+	tfab_string_tensor_free(got);
+	return 0;
+}
+
+/* Bad string tensors are refused at the call, and nothing is sent. */
+static int sc_strings_bad(struct mp *mp)
+{
+	static const int64_t neg[1] = {-1}, two[1] = {2};
+	struct tfab_string nul = {NULL, 3};
+	struct tfab_string_tensor t_neg = {1, neg, NULL}, t_nul = {1, two, &nul},
+				  t_none = {1, two, NULL}, t_dims = {33, two, NULL};
+	struct sent d = {0};
+
+	(void)mp;
+	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_neg, false, on_sent, &d), -EINVAL);
+	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_nul, false, on_sent, &d), -EINVAL);
+	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_none, false, on_sent, &d), -EINVAL);
+	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_dims, false, on_sent, &d), -EINVAL);
+	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, NULL, false, on_sent, &d), -EINVAL);
+	CHECK_RC(tfab_recv_strings(mp->ctx, mp->peers[mp->rank ? 0 : 1], "bad", 1, NULL, NULL),
+		 -EINVAL);
+	CHECK(d.n == 0);
+	return 0;
+}
+
+static const struct mp_scenario scenarios[] = {
+    {.name = "strings_send_first", .nranks = 2, .fn = sc_strings_send_first},
+    {.name = "strings_recv_first", .nranks = 2, .fn = sc_strings_recv_first},
+    {.name = "strings_resize", .nranks = 2, .fn = sc_strings_resize},
+    {.name = "strings_big", .nranks = 2, .fn = sc_strings_big},
+    {.name = "strings_kind", .nranks = 2, .fn = sc_strings_kind},
+    {.name = "strings_bad", .nranks = 2, .fn = sc_strings_bad},
+};
+
+int main(int argc, char **argv)
+{
+	return mp_main(argc, argv, scenarios, (int)(sizeof(scenarios) / sizeof(scenarios[0])));
+}

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Reference vectors for the TensorProto compatibility test.
+
+usage: vectors.py PROTOC REFERENCE_PROTO OUTPUT_HEADER
+
+Each case is a tensor written in protobuf text format and encoded by protoc --encode against
+test/proto/tf_reference.proto (an encoder independent of tfab's). The header it writes holds,
+per case, protoc's bytes and what tfab must make of them: dtype, shape, and the raw content
+(numeric) or the strings. "encode" cases are ones tfab's encoder must reproduce byte for byte
+(numeric tensors as tensor_content, string tensors as string_val); the others use TensorFlow's
+typed *_val fields, which tfab only reads.
+"""
+import struct
+import subprocess
+import sys
+
+# DLPack (code, bits) and TensorFlow DataType of each numeric kind, with a struct format.
+KINDS = {
+    "float32": (2, 32, "DT_FLOAT", "f"),
+    "float64": (2, 64, "DT_DOUBLE", "d"),
+    "float16": (2, 16, "DT_HALF", "H"),
+    "bfloat16": (4, 16, "DT_BFLOAT16", "H"),
+    "int8": (0, 8, "DT_INT8", "b"),
+    "int16": (0, 16, "DT_INT16", "h"),
+    "int32": (0, 32, "DT_INT32", "i"),
+    "int64": (0, 64, "DT_INT64", "q"),
+    "uint8": (1, 8, "DT_UINT8", "B"),
+    "uint16": (1, 16, "DT_UINT16", "H"),
+    "uint32": (1, 32, "DT_UINT32", "I"),
+    "uint64": (1, 64, "DT_UINT64", "Q"),
+    "complex64": (5, 64, "DT_COMPLEX64", "ff"),
+    "complex128": (5, 128, "DT_COMPLEX128", "dd"),
+    "bool": (6, 8, "DT_BOOL", "B"),
+    "float8_e5m2": (12, 8, "DT_FLOAT8_E5M2", "B"),
+    "float8_e4m3fn": (10, 8, "DT_FLOAT8_E4M3FN", "B"),
+    "float8_e4m3fnuz": (11, 8, "DT_FLOAT8_E4M3FNUZ", "B"),
+    "float8_e4m3b11fnuz": (9, 8, "DT_FLOAT8_E4M3B11FNUZ", "B"),
+    "float8_e5m2fnuz": (13, 8, "DT_FLOAT8_E5M2FNUZ", "B"),
+}
+
+
+def text_bytes(b):
+    return '"' + "".join("\\%03o" % x for x in b) + '"'
+
+
+def shape_text(shape):
+    return "tensor_shape { " + " ".join("dim { size: %d }" % d for d in shape) + " }"
+
+
+def pattern(n):
+    """The content tfab's test builds too: byte i is (i * 37 + 11) mod 256."""
+    return bytes((i * 37 + 11) & 0xFF for i in range(n))
+
+
+def count(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+cases = []  # (name, kind, shape, text, expected content or strings, encode)
+
+# Numeric tensors as tensor_content: every dtype, one shape; the bytes tfab writes.
+for name, (code, bits, dt, fmt) in KINDS.items():
+    shape = [2, 3]
+    content = pattern(count(shape) * bits // 8)
+    if name == "bool":
+        content = bytes(x & 1 for x in content)
+    text = "dtype: %s %s tensor_content: %s" % (dt, shape_text(shape), text_bytes(content))
+    cases.append(("content_" + name, name, shape, text, content, True))
+# A scalar, and an empty tensor (no content field at all).
+cases.append(("scalar_float32", "float32", [], "dtype: DT_FLOAT tensor_shape { } "
+              "tensor_content: " + text_bytes(pattern(4)), pattern(4), True))
+cases.append(("empty_int32", "int32", [0, 5], "dtype: DT_INT32 " + shape_text([0, 5]),
+              b"", True))
+
+# String tensors: empty strings, binary bytes, a scalar, an empty tensor.
+STRS = [b"", b"hello", bytes([0, 0xFF, 0x80, 0xC3, 0x28]), b"x" * 300]
+for sname, shape, strs in [("strings_vector", [4], STRS),
+                           ("strings_matrix", [2, 2], STRS),
+                           ("strings_scalar", [], [b"only"]),
+                           ("strings_empty", [2, 0], [])]:
+    text = "dtype: DT_STRING %s %s" % (shape_text(shape),
+                                       " ".join("string_val: " + text_bytes(s) for s in strs))
+    cases.append((sname, "string", shape, text, strs, True))
+
+
+def typed(name, kind, shape, field_text, values):
+    code, bits, dt, fmt = KINDS[kind]
+    content = b"".join(struct.pack("<" + fmt, *(v if isinstance(v, tuple) else (v,)))
+                       for v in values)
+    cases.append((name, kind, shape, "dtype: %s %s %s" % (dt, shape_text(shape), field_text),
+                  content, False))
+
+
+# TensorFlow's typed fields, read by tfab: the last value repeats, none means zeros.
+typed("float_val_repeat", "float32", [3], "float_val: 1.5", [1.5, 1.5, 1.5])
+typed("double_val", "float64", [2], "double_val: -2.25 double_val: 1e300", [-2.25, 1e300])
+typed("int_val_int8", "int8", [3], "int_val: -1 int_val: 127", [-1, 127, 127])
+typed("int_val_uint16", "uint16", [2], "int_val: 65535 int_val: 7", [65535, 7])
+typed("int_val_int32", "int32", [2], "int_val: -2147483648 int_val: 5", [-2147483648, 5])
+typed("half_val", "float16", [2], "half_val: 15360", [15360, 15360])
+typed("half_val_bfloat16", "bfloat16", [1], "half_val: 16256", [16256])
+typed("int64_val", "int64", [2], "int64_val: -9000000000 int64_val: 3", [-9000000000, 3])
+typed("uint32_val", "uint32", [1], "uint32_val: 4000000000", [4000000000])
+typed("uint64_val", "uint64", [2], "uint64_val: 18446744073709551615",
+      [18446744073709551615, 18446744073709551615])
+typed("bool_val", "bool", [3], "bool_val: true bool_val: false", [1, 0, 0])
+typed("scomplex_val", "complex64", [2], "scomplex_val: 1 scomplex_val: -1",
+      [(1.0, -1.0), (1.0, -1.0)])
+typed("dcomplex_val", "complex128", [1], "dcomplex_val: 0.5 dcomplex_val: 2", [(0.5, 2.0)])
+typed("float8_val", "float8_e4m3fn", [3], "float8_val: " + text_bytes(bytes([0x38, 0xC0])),
+      [0x38, 0xC0, 0xC0])
+typed("no_values_zeros", "int32", [3], "", [0, 0, 0])
+# A quantized DataType reads as the plain integer of its width.
+cases.append(("quantized_qint8", "int8", [2],
+              "dtype: DT_QINT8 %s int_val: -3 int_val: 4" % shape_text([2]),
+              struct.pack("<bb", -3, 4), False))
+# Strings read with the same rule.
+cases.append(("string_val_repeat", "string", [3],
+              "dtype: DT_STRING %s string_val: \"a\" string_val: \"bc\"" % shape_text([3]),
+              [b"a", b"bc", b"bc"], False))
+
+
+def encode(protoc, proto, text):
+    include = proto.rsplit("/", 1)[0] if "/" in proto else "."
+    out = subprocess.run([protoc, "--encode=tensorflow.TensorProto", "-I" + include, proto],
+                         input=text.encode(), capture_output=True, check=False)
+    if out.returncode != 0:
+        sys.exit("protoc failed on %r: %s" % (text, out.stderr.decode()))
+    return out.stdout
+
+
+def c_bytes(b):
+    return "{" + (", ".join("0x%02x" % x for x in b) or "0") + "}"
+
+
+def main():
+    protoc, proto, output = sys.argv[1:4]
+    lines = ["/* Generated by test/proto/vectors.py from protoc --encode: do not edit. */",
+             "#include <stdbool.h>", "#include <stddef.h>", "#include <stdint.h>", "",
+             "struct tp_str { const char *data; size_t len; };", "",
+             "struct tp_vector {", "\tconst char *name;", "\tbool strings, encode;",
+             "\tuint8_t code, bits;", "\tint ndim;", "\tint64_t shape[4];",
+             "\tconst uint8_t *proto;", "\tsize_t proto_len;",
+             "\tconst uint8_t *content; /* numeric: the raw content */",
+             "\tsize_t content_len;", "\tconst struct tp_str *strs; /* strings */",
+             "\tsize_t nstrs;", "};", ""]
+    table = []
+    for i, (name, kind, shape, text, expect, enc) in enumerate(cases):
+        raw = encode(protoc, proto, text)
+        lines.append("static const uint8_t tp_proto_%d[] = %s;" % (i, c_bytes(raw)))
+        if kind == "string":
+            strs = ", ".join("{\"%s\", %d}" % ("".join("\\%03o" % x for x in s), len(s))
+                             for s in expect) or "{NULL, 0}"
+            lines.append("static const struct tp_str tp_strs_%d[] = {%s};" % (i, strs))
+            table.append("\t{\"%s\", true, %s, 0, 0, %d, {%s}, tp_proto_%d, %d, NULL, 0, "
+                         "tp_strs_%d, %d}," % (name, "true" if enc else "false", len(shape),
+                                              ", ".join(map(str, shape)) or "0", i, len(raw),
+                                              i, len(expect)))
+        else:
+            code, bits = KINDS[kind][0], KINDS[kind][1]
+            lines.append("static const uint8_t tp_content_%d[] = %s;" % (i, c_bytes(expect)))
+            table.append("\t{\"%s\", false, %s, %d, %d, %d, {%s}, tp_proto_%d, %d, "
+                         "tp_content_%d, %d, NULL, 0}," %
+                         (name, "true" if enc else "false", code, bits, len(shape),
+                          ", ".join(map(str, shape)) or "0", i, len(raw), i, len(expect)))
+    lines += ["", "static const struct tp_vector tp_vectors[] = {"] + table + ["};", ""]
+    with open(output, "w") as f:
+        f.write("\n".join(lines))
+
+
+main()

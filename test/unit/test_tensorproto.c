@@ -1,0 +1,215 @@
+/*
+ * TensorProto compatibility: tfab's bytes against protoc's for the same tensors (every dtype,
+ * strings), tfab's reading of protoc's bytes (tensor_content and TensorFlow's typed fields),
+ * and refusals: malformed bytes, the wrong kind, dtypes TensorFlow has no DataType for.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <tfab/status.h>
+#include <tfab/tensorproto.h>
+
+#include "tensorproto_vectors.h"
+
+#define NVEC (sizeof(tp_vectors) / sizeof(tp_vectors[0]))
+
+static uint8_t pattern_byte(size_t i)
+{
+	return (uint8_t)(i * 37 + 11);
+}
+
+/* The tensor a vector describes, over content the caller frees. */
+static DLTensor numeric_of(const struct tp_vector *v, int64_t *shape, uint8_t **content_p)
+{
+	DLTensor t = {0};
+	uint8_t *c = malloc(v->content_len ? v->content_len : 1);
+
+	memcpy(c, v->content, v->content_len);
+	memcpy(shape, v->shape, sizeof(v->shape));
+	t.data = c;
+	t.device.device_type = kDLCPU;
+	t.ndim = v->ndim;
+	t.dtype.code = v->code;
+	t.dtype.bits = v->bits;
+	t.dtype.lanes = 1;
+	t.shape = shape;
+	*content_p = c;
+	return t;
+}
+
+static void test_encode_matches_protoc(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < NVEC; i++) {
+		const struct tp_vector *v = &tp_vectors[i];
+		uint8_t buf[4096];
+		size_t len = 0;
+		int rc;
+
+		if (!v->encode)
+			continue;
+		if (v->strings) {
+			struct tfab_string s[8];
+			struct tfab_string_tensor t = {v->ndim, v->shape, s};
+
+			for (size_t k = 0; k < v->nstrs; k++) {
+				s[k].data = v->strs[k].data;
+				s[k].len = v->strs[k].len;
+			}
+			/* the size first, as a caller sizing its buffer would */
+			assert_int_equal(tfab_tensorproto_encode_strings(&t, NULL, 0, &len),
+					 -ENOSPC);
+			assert_int_equal(len, v->proto_len);
+			rc = tfab_tensorproto_encode_strings(&t, buf, sizeof(buf), &len);
+		} else {
+			int64_t shape[4];
+			uint8_t *c;
+			DLTensor t = numeric_of(v, shape, &c);
+
+			assert_int_equal(tfab_tensorproto_encode(&t, NULL, 0, &len), -ENOSPC);
+			assert_int_equal(len, v->proto_len);
+			rc = tfab_tensorproto_encode(&t, buf, sizeof(buf), &len);
+			free(c);
+		}
+		if (rc || len != v->proto_len || memcmp(buf, v->proto, len) != 0)
+			fail_msg("%s: tfab's TensorProto bytes differ from protoc's", v->name);
+	}
+}
+
+static void test_decode_protoc_bytes(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < NVEC; i++) {
+		const struct tp_vector *v = &tp_vectors[i];
+		DLManagedTensor *m = NULL;
+		struct tfab_string_tensor *s = NULL;
+		int rc = tfab_tensorproto_decode(v->proto, v->proto_len, &m, &s);
+
+		if (rc)
+			fail_msg("%s: decode gave %d (%s)", v->name, rc, tfab_strerror(rc));
+		if (v->strings) {
+			assert_null(m);
+			assert_non_null(s);
+			assert_int_equal(s->ndim, v->ndim);
+			assert_memory_equal(s->shape, v->shape, sizeof(int64_t) * (size_t)v->ndim);
+			assert_int_equal(tfab_string_tensor_count(s), (int64_t)v->nstrs);
+			for (size_t k = 0; k < v->nstrs; k++) {
+				assert_int_equal(s->strings[k].len, v->strs[k].len);
+				assert_memory_equal(s->strings[k].data, v->strs[k].data,
+						    v->strs[k].len);
+			}
+			tfab_string_tensor_free(s);
+			continue;
+		}
+		assert_null(s);
+		assert_non_null(m);
+		if (m->dl_tensor.dtype.code != v->code || m->dl_tensor.dtype.bits != v->bits ||
+		    m->dl_tensor.dtype.lanes != 1 || m->dl_tensor.ndim != v->ndim)
+			fail_msg("%s: wrong dtype or rank", v->name);
+		assert_memory_equal(m->dl_tensor.shape, v->shape,
+				    sizeof(int64_t) * (size_t)v->ndim);
+		if (v->content_len)
+			assert_memory_equal(m->dl_tensor.data, v->content, v->content_len);
+		m->deleter(m);
+	}
+}
+
+/* Round trip through tfab alone, with a larger tensor than the vectors hold. */
+static void test_round_trip_large(void **state)
+{
+	int64_t shape[3] = {16, 64, 33};
+	size_t n = 16 * 64 * 33 * 8, len;
+	uint8_t *c = malloc(n), *buf;
+	DLTensor t = {.data = c,
+		      .device = {kDLCPU, 0},
+		      .ndim = 3,
+		      .dtype = {kDLFloat, 64, 1},
+		      .shape = shape};
+	DLManagedTensor *m;
+
+	(void)state;
+	for (size_t i = 0; i < n; i++)
+		c[i] = pattern_byte(i);
+	assert_int_equal(tfab_tensorproto_encode(&t, NULL, 0, &len), -ENOSPC);
+	buf = malloc(len);
+	assert_int_equal(tfab_tensorproto_encode(&t, buf, len, &len), 0);
+	assert_int_equal(tfab_tensorproto_decode(buf, len, &m, NULL), 0);
+	assert_int_equal(m->dl_tensor.ndim, 3);
+	assert_memory_equal(m->dl_tensor.shape, shape, sizeof(shape));
+	assert_memory_equal(m->dl_tensor.data, c, n);
+	m->deleter(m);
+	free(buf);
+	free(c);
+}
+
+static const struct tp_vector *vector(const char *name)
+{
+	for (size_t i = 0; i < NVEC; i++)
+		if (strcmp(tp_vectors[i].name, name) == 0)
+			return &tp_vectors[i];
+	fail_msg("no vector %s", name);
+	return NULL;
+}
+
+static void test_refusals(void **state)
+{
+	const struct tp_vector *num = vector("content_float32"), *str = vector("strings_vector");
+	DLManagedTensor *m = NULL;
+	struct tfab_string_tensor *s = NULL;
+	int64_t shape[1] = {4};
+	float f[4] = {0};
+	DLTensor lanes = {.data = f,
+			  .device = {kDLCPU, 0},
+			  .ndim = 1,
+			  .dtype = {kDLFloat, 32, 4},
+			  .shape = shape};
+	DLTensor int4 = {
+	    .data = f, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLInt, 4, 1}, .shape = shape};
+	uint8_t buf[256];
+	size_t len;
+
+	(void)state;
+	/* the wrong kind */
+	assert_int_equal(tfab_tensorproto_decode(num->proto, num->proto_len, NULL, &s),
+			 -EPROTOTYPE);
+	assert_int_equal(tfab_tensorproto_decode(str->proto, str->proto_len, &m, NULL),
+			 -EPROTOTYPE);
+	/* a message cut inside its content (after the content's tag and length) */
+	for (size_t cut = num->proto_len - num->content_len; cut < num->proto_len; cut++)
+		if (tfab_tensorproto_decode(num->proto, cut, &m, &s) != -TFAB_ERR_PROTOCOL)
+			fail_msg("a TensorProto cut at %zu of %zu bytes was not refused", cut,
+				 num->proto_len);
+	/* garbage, content that does not fit the shape, an unknown DataType */
+	static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff};
+	static const uint8_t short_content[] = {0x08, 0x01, 0x12, 0x04, 0x12, 0x02, 0x08,
+						0x02, 0x22, 0x04, 1,	2,    3,    4};
+	static const uint8_t resource[] = {0x08, 0x14, 0x12, 0x00};
+	assert_int_equal(tfab_tensorproto_decode(garbage, sizeof(garbage), &m, &s),
+			 -TFAB_ERR_PROTOCOL);
+	assert_int_equal(tfab_tensorproto_decode(short_content, sizeof(short_content), &m, &s),
+			 -TFAB_ERR_PROTOCOL);
+	assert_int_equal(tfab_tensorproto_decode(resource, sizeof(resource), &m, &s), -EOPNOTSUPP);
+	/* dtypes TensorFlow has no DataType for */
+	assert_int_equal(tfab_tensorproto_encode(&lanes, buf, sizeof(buf), &len), -EOPNOTSUPP);
+	assert_int_equal(tfab_tensorproto_encode(&int4, buf, sizeof(buf), &len), -EOPNOTSUPP);
+	assert_null(m);
+	assert_null(s);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_encode_matches_protoc),
+	    cmocka_unit_test(test_decode_protoc_bytes),
+	    cmocka_unit_test(test_round_trip_large),
+	    cmocka_unit_test(test_refusals),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
