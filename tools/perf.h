@@ -24,6 +24,7 @@ struct perf_opts {
 	unsigned window; /* 0: chosen per size */
 	bool json;
 	bool verify;
+	bool cuda;		 /* --device cuda: tensor test buffers in GPU memory */
 	bool progress;		 /* show progress on a terminal */
 	int timeout_ms;		 /* bound of every wait */
 	const char *listen_port; /* --listen */

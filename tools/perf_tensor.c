@@ -21,6 +21,58 @@
 #include "util/sock.h"
 #include "util/time.h"
 
+#ifdef TFAB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/*
+ * Buffers for --device cuda: GPU memory from cudaMalloc, or host memory standing in for it
+ * under TFAB_CUDA_EMULATE=1 (the engine then takes it as such).
+ */
+static bool emulated(void)
+{
+	const char *e = getenv("TFAB_CUDA_EMULATE");
+
+	return e && strcmp(e, "1") == 0;
+}
+
+static int buf_alloc(bool cuda, size_t n, int fill, uint8_t **buf_p)
+{
+	if (!cuda || emulated()) {
+		if (posix_memalign((void **)buf_p, 4096, n))
+			return -ENOMEM;
+		memset(*buf_p, fill, n);
+		return 0;
+	}
+#ifdef TFAB_HAVE_CUDA
+	int count = 0;
+
+	if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+		fprintf(stderr, "tfab-perf: --device cuda: no CUDA device on this machine\n");
+		return -ENODEV;
+	}
+	if (cudaMalloc((void **)buf_p, n) != cudaSuccess)
+		return -ENOMEM;
+	cudaMemset(*buf_p, fill, n);
+	return 0;
+#else
+	fprintf(stderr, "tfab-perf: --device cuda: built without CUDA\n");
+	return -EOPNOTSUPP;
+#endif
+}
+
+static void buf_release(bool cuda, uint8_t *buf)
+{
+#ifdef TFAB_HAVE_CUDA
+	if (cuda && !emulated()) {
+		cudaFree(buf);
+		return;
+	}
+#endif
+	(void)cuda;
+	free(buf);
+}
+
 struct tstate {
 	struct tfab_context *ctx;
 	struct tfab_peer *peer;
@@ -63,13 +115,13 @@ static bool wait_count(struct tstate *s, volatile uint64_t *count, uint64_t want
 	return *count >= want && !s->err;
 }
 
-static void tensor_of(DLTensor *t, int64_t *shape, void *data, size_t size)
+static void tensor_of(DLTensor *t, int64_t *shape, void *data, size_t size, bool cuda)
 {
 	/* bytes as uint8 [size]; a zero-size tensor has shape [0] */
 	memset(t, 0, sizeof(*t));
 	*shape = (int64_t)size;
 	t->data = data;
-	t->device.device_type = kDLCPU;
+	t->device.device_type = cuda ? kDLCUDA : kDLCPU;
 	t->ndim = 1;
 	t->dtype.code = kDLUInt;
 	t->dtype.bits = 8;
@@ -78,7 +130,7 @@ static void tensor_of(DLTensor *t, int64_t *shape, void *data, size_t size)
 }
 
 static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, unsigned window,
-		    uint8_t **bufs, int64_t step_base, struct perf_result *res)
+		    uint8_t **bufs, bool cuda, int64_t step_base, struct perf_result *res)
 {
 	unsigned warm = iters / 10 ? iters / 10 : 1, total = warm + iters;
 	unsigned lat_n = iters < 1000 ? iters : 1000, lat_warm = lat_n / 10 ? lat_n / 10 : 1;
@@ -87,9 +139,9 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	uint64_t posted = 0, t0 = 0, t1;
 
 	for (unsigned w = 0; w < window; w++)
-		tensor_of(&t[w], &shapes[w], bufs[0], size);
+		tensor_of(&t[w], &shapes[w], bufs[0], size, cuda);
 	/* the ping-pong's second buffer: its receive must not land in what it sends */
-	tensor_of(&t[1 % window], &shapes[1 % window], bufs[1], size);
+	tensor_of(&t[1 % window], &shapes[1 % window], bufs[1], size, cuda);
 	s->sent = s->received = 0;
 	/* Bandwidth. */
 	while ((client ? s->received : s->sent) < total) {
@@ -201,17 +253,13 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 
 		if (window > 64)
 			window = 64;
-		for (unsigned w = 0; w < 2; w++) {
-			if (!bufs[w] && posix_memalign((void **)&bufs[w], 4096, maxsize)) {
-				rc = -ENOMEM;
-				break;
-			}
-			memset(bufs[w], (int)w, maxsize);
-		}
+		for (unsigned w = 0; w < 2 && rc == 0; w++)
+			if (!bufs[w])
+				rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);
 		if (rc)
 			break;
 		s.deadline = tfab__now_ms() + (uint64_t)o->timeout_ms;
-		rc = run_size(&s, p->client, size, iters, window, bufs, step_base, &r);
+		rc = run_size(&s, p->client, size, iters, window, bufs, o->cuda, step_base, &r);
 		step_base += 10 * (int64_t)(iters + 2000);
 		if (rc == 0 && p->client) {
 			tfab_get_stats(s.ctx, &st);
@@ -228,7 +276,7 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		int64_t shape;
 		DLTensor t;
 
-		tensor_of(&t, &shape, &one, 1);
+		tensor_of(&t, &shape, &one, 1, false);
 		s.sent = s.received = 0;
 		s.deadline = tfab__now_ms() + (uint64_t)o->timeout_ms;
 		if (p->client) {
@@ -246,7 +294,8 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 out:
 	tfab_peer_destroy(s.peer);
 	tfab_context_destroy(s.ctx);
-	for (int w = 0; w < 64; w++)
-		free(bufs[w]);
+	for (int w = 0; w < 2; w++)
+		if (bufs[w])
+			buf_release(o->cuda, bufs[w]);
 	return rc;
 }

@@ -86,6 +86,8 @@ static void usage(FILE *f)
 	    "  -w, --window N       writes in flight for bandwidth (default 16, at most 256 MiB)\n"
 	    "  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
 	    "      --verify         check the data and every immediate\n"
+	    "      --device D       tensor test buffers: cpu (default) or cuda (GPU memory, sent\n"
+	    "                       and received through the host proxy path)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
 	    "      --json           one JSON object per size\n"
 	    "      --listen PORT    be the server, on this TCP port\n"
@@ -119,13 +121,14 @@ static int parse_sizes(const char *text, struct perf_opts *o)
 
 static int parse_args(int argc, char **argv, struct perf_opts *o, const char **provider_p)
 {
-	enum { OPT_VERIFY = 256, OPT_TIMEOUT, OPT_JSON, OPT_LISTEN, OPT_CONNECT };
+	enum { OPT_VERIFY = 256, OPT_TIMEOUT, OPT_JSON, OPT_LISTEN, OPT_CONNECT, OPT_DEVICE };
 	static const struct option longopts[] = {
 	    {"sizes", required_argument, NULL, 's'},
 	    {"iters", required_argument, NULL, 'n'},
 	    {"window", required_argument, NULL, 'w'},
 	    {"provider", required_argument, NULL, 'p'},
 	    {"verify", no_argument, NULL, OPT_VERIFY},
+	    {"device", required_argument, NULL, OPT_DEVICE},
 	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
 	    {"json", no_argument, NULL, OPT_JSON},
 	    {"listen", required_argument, NULL, OPT_LISTEN},
@@ -166,6 +169,14 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			break;
 		case OPT_VERIFY:
 			o->verify = true;
+			break;
+		case OPT_DEVICE:
+			if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
+				fprintf(stderr, "tfab-perf: unknown device '%s' (cpu, cuda)\n",
+					optarg);
+				return 2;
+			}
+			o->cuda = strcmp(optarg, "cuda") == 0;
 			break;
 		case OPT_JSON:
 			o->json = true;

@@ -144,6 +144,7 @@ int tfab__progress_locked(struct tfab_context *ctx)
 			break;
 	}
 	tfab__sends_retry(ctx);
+	tfab__sends_stage(ctx);
 	tfab__peers_flush(ctx);
 	tfab__peers_check_liveness(ctx);
 	return total;
@@ -198,6 +199,7 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	pthread_mutex_init(&ctx->lock, NULL);
 	tfab__list_init(&ctx->peers);
 	tfab__list_init(&ctx->writes_pending);
+	tfab__list_init(&ctx->staging);
 	tfab__list_init(&ctx->done_reqs);
 	tfab__list_init(&ctx->done_sends);
 	ctx->listen_fd = -1;
@@ -244,6 +246,7 @@ err:
 		tfab__mr_cache_destroy(ctx->mr_cache);
 	if (ctx->ops)
 		ctx->ops->close(ctx->ep);
+	tfab__cuda_close(ctx->cuda);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return rc;
@@ -344,6 +347,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	if (tfab__pool_destroy(ctx->pool) || tfab__mr_cache_destroy(ctx->mr_cache))
 		TFAB_WARN(SUBSYS, "registrations still in use at destroy");
 	ctx->ops->close(ctx->ep);
+	tfab__cuda_close(ctx->cuda);
 	tfab__htable_fini(&ctx->sends);
 	tfab__htable_fini(&ctx->parked);
 	free(ctx->peer_by_id);

@@ -15,6 +15,7 @@
 
 #include "engine/mr_cache.h"
 #include "engine/pool.h"
+#include "cuda/cuda.h"
 #include "engine/wire.h"
 #include "providers/provider.h"
 #include "util/config.h"
@@ -108,6 +109,7 @@ struct tfab_request {
 	size_t dest_cap;
 	struct tfab_mr *dest_mr;
 	bool dest_pool;
+	void *gpu_dest; /* a GPU destination: dest is its host proxy, copied in at the end */
 	enum tfab_req_state state;
 	int status;
 	bool is_dead;
@@ -156,6 +158,14 @@ struct tfab_send {
 	enum tfab_send_state state;
 	bool in_flight; /* a content write is posted and not completed */
 	bool orphan;	/* failed while in flight: freed when the write completes */
+	/* A GPU source through a host proxy (data is on the GPU, mr the proxy's region). */
+	bool gpu;
+	void *proxy;
+	void **chunk_copy;	     /* per chunk: its copy to the proxy while it runs, else NULL */
+	uint32_t nchunks;	     /* 0 until staging starts */
+	uint32_t posted;	     /* chunks written or being written */
+	unsigned writes_out;	     /* chunk writes not completed */
+	struct tfab_list stage_link; /* ctx->staging while chunks wait for their copies */
 	int status;
 	tfab_send_cb cb;
 	void *arg;
@@ -182,6 +192,9 @@ struct tfab_context {
 	struct tfab_htable sends;
 	struct tfab_htable parked;	 /* struct tfab_response by (key, step) */
 	struct tfab_list writes_pending; /* content writes that met -EAGAIN */
+	struct tfab_list staging;	 /* GPU sends whose chunks are being staged */
+	struct tfab_cuda *cuda;		 /* copies for GPU tensors, or NULL */
+	bool cuda_tried;		 /* tfab__cuda_open ran (at the first GPU tensor) */
 	struct tfab_list done_reqs;	 /* requests whose callbacks are due */
 	struct tfab_list done_sends;	 /* sends whose callbacks are due */
 	uint64_t orphans;		 /* failed sends whose writes are still in flight */
@@ -232,6 +245,8 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index);
 void tfab__send_on_write_done(struct tfab_send *s, int status);
 void tfab__sends_retry(struct tfab_context *ctx);
+/* Write the chunks of GPU sends whose copies to host memory finished. */
+void tfab__sends_stage(struct tfab_context *ctx);
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
@@ -242,7 +257,7 @@ uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
  */
 int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step,
 		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
-		     tfab_send_cb cb, void *arg);
+		     bool gpu, tfab_send_cb cb, void *arg);
 /* Free a finished send and what it owns. */
 void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
 
@@ -256,6 +271,15 @@ int tfab__check_key(const char *key, size_t *len_p);
 int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
 			     void **data_p);
 uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p);
+/*
+ * A tensor in CUDA device memory. check (engine lock held) opens the copier at the first one,
+ * and returns -EOPNOTSUPP (logged) when the context cannot copy it.
+ */
+static inline bool tfab__on_gpu(const DLTensor *t)
+{
+	return t && t->device.device_type == kDLCUDA;
+}
+int tfab__check_gpu(struct tfab_context *ctx, const DLTensor *t);
 DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
 				   void *data);
 

@@ -505,7 +505,9 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 	if (peer->failed)
 		return;
 	if (tfab__imm_is_credit(imm)) {
-		if (low == 0 || peer->tx_seq - peer->tx_acked < low) {
+		if (low == 0)
+			return; /* a chunk of content before its last (protocol.md): nothing to do */
+		if (peer->tx_seq - peer->tx_acked < low) {
 			protocol_error(peer, "credits returned for messages never sent");
 			return;
 		}

@@ -102,6 +102,7 @@ static void dest_release(struct tfab_request *r, bool discard)
 	r->dest_mr = NULL;
 	r->dest_pool = false;
 	r->dest_cap = 0;
+	r->gpu_dest = NULL;
 }
 
 static void request_done(struct tfab_request *r, int status)
@@ -163,6 +164,16 @@ static int dest_prepare(struct tfab_request *r)
 				   r->key, (unsigned long long)um.nbytes, (unsigned long long)n);
 			return -EMSGSIZE;
 		}
+		if (tfab__on_gpu(r->user_dest)) {
+			/* Through a registered host proxy, copied to the GPU when it is full. */
+			rc = tfab__pool_alloc(ctx->pool, n, &r->dest, &r->dest_mr);
+			if (rc)
+				return rc;
+			r->dest_pool = true;
+			r->dest_cap = n;
+			r->gpu_dest = data;
+			return 0;
+		}
 		rc = tfab__mr_cache_get(ctx->mr_cache, data, um.nbytes, TFAB_MR_REMOTE_WRITE,
 					&r->dest_mr);
 		if (rc)
@@ -218,6 +229,14 @@ static void request_complete(struct tfab_request *r, uint64_t nbytes)
 	ctx->stats.requests++;
 	ctx->stats.bytes_received += nbytes;
 	r->is_dead = r->meta.is_dead;
+	if (r->gpu_dest && nbytes) {
+		int rc = tfab__cuda_copy(ctx->cuda, r->gpu_dest, r->dest, nbytes, true);
+
+		ctx->stats.bytes_copied += nbytes;
+		dest_release(r, false);
+		request_done(r, rc);
+		return;
+	}
 	if (r->strings) {
 		int rc = tfab__strings_complete(r, r->dest, nbytes);
 
@@ -320,6 +339,8 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		return rc;
 	if (dest) {
 		rc = tfab__meta_from_dltensor(dest, false, &um, &data);
+		if (rc == 0)
+			rc = tfab__check_gpu(ctx, dest);
 		if (rc)
 			return rc;
 	}

@@ -79,17 +79,29 @@ static void reply_error(struct tfab_peer *peer, uint32_t req_index, int status, 
  * flight stays allocated until the write completes (see tfab__ctx_unlock and
  * tfab__send_on_write_done); its registration is released then.
  */
+/* Wait for a GPU send's copies into its proxy: the block must not be freed under them. */
+static void stage_drain(struct tfab_context *ctx, struct tfab_send *s)
+{
+	for (uint32_t i = 0; i < s->nchunks; i++) {
+		while (s->chunk_copy[i] && tfab__cuda_copy_test(ctx->cuda, s->chunk_copy[i]) == 0)
+			;
+		s->chunk_copy[i] = NULL;
+	}
+	tfab__list_del(&s->stage_link);
+}
+
 static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int status)
 {
 	if (s->state == TFAB_SEND_DONE)
 		return;
 	tfab__htable_remove(&ctx->sends, &s->node);
 	tfab__list_del(&s->link);
+	stage_drain(ctx, s);
 	s->state = TFAB_SEND_DONE;
 	s->status = status;
 	if (status == 0)
 		ctx->stats.sends++;
-	if (s->mr && !s->in_flight && !s->data_pool) {
+	if (s->mr && !s->in_flight && !s->data_pool && !s->gpu) {
 		tfab__mr_cache_put(ctx->mr_cache, s->mr);
 		s->mr = NULL;
 	}
@@ -101,6 +113,9 @@ void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s)
 	/* A serialized tensor's block: the receiver may still be reading it only if in flight. */
 	if (s->data_pool && s->data)
 		tfab__pool_free(ctx->pool, s->data);
+	if (s->proxy)
+		tfab__pool_free(ctx->pool, s->proxy);
+	free(s->chunk_copy);
 	free(s);
 }
 
@@ -119,6 +134,107 @@ static int post_content(struct tfab_context *ctx, struct tfab_send *s)
 	return rc;
 }
 
+/*
+ * A GPU source goes through a registered host proxy (no backend here registers GPU memory):
+ * every chunk's copy to the proxy starts at once, and tfab__sends_stage writes each chunk as
+ * its copy finishes, so the copies of later chunks overlap the writes of earlier ones.
+ */
+static int stage_start(struct tfab_context *ctx, struct tfab_send *s)
+{
+	uint64_t chunk = ctx->cfg.cuda_chunk, n = s->meta.nbytes;
+	int rc;
+
+	if (!s->proxy) {
+		rc = tfab__pool_alloc(ctx->pool, n, &s->proxy, &s->mr);
+		if (rc)
+			return rc;
+	}
+	s->nchunks = (uint32_t)((n + chunk - 1) / chunk);
+	s->posted = 0;
+	free(s->chunk_copy);
+	s->chunk_copy = calloc(s->nchunks, sizeof(*s->chunk_copy));
+	if (!s->chunk_copy) {
+		s->nchunks = 0;
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < s->nchunks; i++) {
+		uint64_t off = (uint64_t)i * chunk, len = n - off < chunk ? n - off : chunk;
+
+		rc = tfab__cuda_copy_start(ctx->cuda, (char *)s->proxy + off,
+					   (const char *)s->data + off, len, false,
+					   &s->chunk_copy[i]);
+		if (rc)
+			return rc; /* send_finish drains the copies started */
+	}
+	ctx->stats.bytes_copied += n;
+	tfab__list_add_tail(&ctx->staging, &s->stage_link);
+	return 0;
+}
+
+/*
+ * Post the chunks of s whose copies finished, each with the partial-content immediate, then,
+ * once they have all completed, a zero-length write with the request index: it completes the
+ * receive, lands after the content even where the fabric does not order writes, and reports
+ * no length that the receiver could mistake for the tensor's. A negative status fails s.
+ */
+static int stage_post(struct tfab_context *ctx, struct tfab_send *s)
+{
+	struct tfab_peer *peer = s->resp.peer;
+	uint64_t chunk = ctx->cfg.cuda_chunk, n = s->meta.nbytes;
+
+	while (s->posted <= s->nchunks) {
+		uint32_t i = s->posted;
+		bool last = i == s->nchunks;
+		uint64_t off = last ? 0 : (uint64_t)i * chunk;
+		uint64_t len = last ? 0 : n - off < chunk ? n - off : chunk;
+		int rc;
+
+		if (!last && s->chunk_copy[i]) {
+			rc = tfab__cuda_copy_test(ctx->cuda, s->chunk_copy[i]);
+			if (rc <= 0) {
+				if (rc < 0)
+					s->chunk_copy[i] = NULL;
+				return rc;
+			}
+			s->chunk_copy[i] = NULL;
+		}
+		if (last && s->writes_out)
+			return 0;
+		rc = ctx->ops->write_imm(
+		    ctx->ep, peer->conn, (char *)s->proxy + off, len, s->mr,
+		    s->resp.dest_raddr + off, s->resp.dest_rkey,
+		    last ? s->resp.req_index : tfab__imm_partial(peer->remote_id), 0, &s->w);
+		if (rc == -EAGAIN)
+			return 0;
+		if (rc)
+			return rc;
+		s->posted++;
+		s->writes_out++;
+		s->in_flight = true;
+		peer->users++;
+	}
+	return 0;
+}
+
+void tfab__sends_stage(struct tfab_context *ctx)
+{
+	struct tfab_list *l, *t;
+
+	tfab_list_for_each_safe(l, t, &ctx->staging)
+	{
+		struct tfab_send *s = tfab_container_of(l, struct tfab_send, stage_link);
+		int rc = stage_post(ctx, s);
+
+		if (rc) {
+			reply_error(s->resp.peer, s->resp.req_index, rc,
+				    "the content write failed");
+			send_finish(ctx, s, rc);
+		} else if (s->posted > s->nchunks) {
+			tfab__list_del(&s->stage_link);
+		}
+	}
+}
+
 /* Answer the request in s->resp. */
 static void answer(struct tfab_context *ctx, struct tfab_send *s)
 {
@@ -130,6 +246,15 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
 	    q->dest_capacity >= s->meta.nbytes && !no_content) {
 		s->state = TFAB_SEND_WRITING;
+		if (s->gpu) {
+			rc = stage_start(ctx, s);
+			if (rc) {
+				reply_error(peer, q->req_index, rc,
+					    "the sender could not stage its GPU tensor");
+				send_finish(ctx, s, rc);
+			}
+			return;
+		}
 		rc = s->data_pool ? 0
 				  : tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes,
 						       TFAB_MR_LOCAL_WRITE, &s->mr);
@@ -238,19 +363,34 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 	struct tfab_peer *peer = s->resp.peer;
 	struct tfab_context *ctx = peer->ctx;
 
-	s->in_flight = false;
 	peer->users--;
-	if (s->state == TFAB_SEND_DONE) {
-		/* Failed while in flight: its callback has run (orphan) or is queued. */
-		if (s->mr && !s->data_pool) {
-			tfab__mr_cache_put(ctx->mr_cache, s->mr);
-			s->mr = NULL;
+	if (s->gpu) {
+		/* One of several chunk writes: the send ends with the last of them. */
+		s->writes_out--;
+		s->in_flight = s->writes_out != 0;
+		if (s->state == TFAB_SEND_DONE) {
+			if (s->orphan && !s->in_flight) {
+				ctx->orphans--;
+				tfab__send_free(ctx, s);
+			}
+			return;
 		}
-		if (s->orphan) {
-			ctx->orphans--;
-			tfab__send_free(ctx, s);
+		if (status == 0 && (s->posted <= s->nchunks || s->in_flight))
+			return;
+	} else {
+		s->in_flight = false;
+		if (s->state == TFAB_SEND_DONE) {
+			/* Failed while in flight: its callback has run (orphan) or is queued. */
+			if (s->mr && !s->data_pool) {
+				tfab__mr_cache_put(ctx->mr_cache, s->mr);
+				s->mr = NULL;
+			}
+			if (s->orphan) {
+				ctx->orphans--;
+				tfab__send_free(ctx, s);
+			}
+			return;
 		}
-		return;
 	}
 	if (status) {
 		TFAB_WARN(SUBSYS, "writing '%s' step %lld failed: %s", s->key, (long long)s->step,
@@ -363,7 +503,7 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
-		     tfab_send_cb cb, void *arg)
+		     bool gpu, tfab_send_cb cb, void *arg)
 {
 	bool data_pool = pool_mr != NULL;
 	struct tfab_response *p;
@@ -385,6 +525,8 @@ int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 	memcpy(s->key, key, key_len);
 	s->data = data;
 	s->data_pool = data_pool;
+	s->gpu = gpu;
+	tfab__list_init(&s->stage_link);
 	s->meta = *meta;
 	s->cb = cb;
 	s->arg = arg;
@@ -439,5 +581,12 @@ int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const 
 	rc = tfab__meta_from_dltensor(t, is_dead, &meta, &data);
 	if (rc)
 		return rc;
-	return tfab__send_start(ctx, key, step_id, &meta, data, NULL, cb, arg);
+	if (tfab__on_gpu(t)) {
+		tfab__ctx_lock(ctx);
+		rc = tfab__check_gpu(ctx, t);
+		tfab__ctx_unlock(ctx);
+		if (rc)
+			return rc;
+	}
+	return tfab__send_start(ctx, key, step_id, &meta, data, NULL, tfab__on_gpu(t), cb, arg);
 }

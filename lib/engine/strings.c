@@ -80,7 +80,7 @@ int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id
 		meta.nbytes = len;
 		count_copied(ctx, len);
 	}
-	return tfab__send_start(ctx, key, step_id, &meta, buf, mr, cb, arg);
+	return tfab__send_start(ctx, key, step_id, &meta, buf, mr, false, cb, arg);
 }
 
 int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t nbytes)

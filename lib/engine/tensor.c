@@ -44,11 +44,12 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 
 	if (!t)
 		return -EINVAL;
-	if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost) {
-		TFAB_ERROR(
-		    TFAB_ENGINE_SUBSYS,
-		    "a tensor on device type %d: only CPU and CUDA host memory are supported",
-		    (int)t->device.device_type);
+	if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost &&
+	    t->device.device_type != kDLCUDA) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS,
+			   "a tensor on device type %d: only CPU, CUDA host and CUDA device "
+			   "memory are supported",
+			   (int)t->device.device_type);
 		return -EOPNOTSUPP;
 	}
 	if (t->ndim < 0 || t->ndim > TFAB_MAX_DIMS) {
@@ -84,6 +85,25 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 		return -EINVAL;
 	*data_p = t->data ? (char *)t->data + t->byte_offset : NULL;
 	return 0;
+}
+
+int tfab__check_gpu(struct tfab_context *ctx, const DLTensor *t)
+{
+	int rc;
+
+	if (!tfab__on_gpu(t) || ctx->cuda)
+		return 0;
+	/* CUDA starts with the first GPU tensor: CPU-only users never load it. */
+	if (!ctx->cuda_tried) {
+		ctx->cuda_tried = true;
+		rc = tfab__cuda_open(&ctx->cfg, &ctx->cuda);
+		if (rc)
+			return rc;
+		if (ctx->cuda)
+			return 0;
+	}
+	TFAB_ERROR(TFAB_ENGINE_SUBSYS, "a CUDA device tensor, but %s", tfab__cuda_absent_reason());
+	return -EOPNOTSUPP;
 }
 
 /* A DLManagedTensor and its shape in one allocation; its deleter returns the block. */

@@ -36,6 +36,12 @@ static inline uint32_t tfab__imm_credit(uint32_t peer_id, uint32_t n)
 	return TFAB_IMM_CTRL | TFAB_IMM_CREDIT | peer_id << 10 | n;
 }
 
+/* A chunk of tensor content that is not the last: the receiver ignores its immediate. */
+static inline uint32_t tfab__imm_partial(uint32_t peer_id)
+{
+	return tfab__imm_credit(peer_id, 0);
+}
+
 static inline bool tfab__imm_is_ctrl(uint32_t imm)
 {
 	return (imm & TFAB_IMM_CTRL) != 0;

@@ -135,6 +135,10 @@ int tfab_tensorproto_encode(const DLTensor *t, void *buf, size_t cap, size_t *le
 
 	if (!len_p)
 		return -EINVAL;
+	if (tfab__on_gpu(t)) {
+		TFAB_ERROR(SUBSYS, "a CUDA device tensor: TensorProto reads host memory only");
+		return -EOPNOTSUPP;
+	}
 	rc = tfab__meta_from_dltensor(t, false, &meta, &data);
 	if (rc == 0)
 		rc = tf_of_dl(t->dtype, &m.dtype);

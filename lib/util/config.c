@@ -140,6 +140,13 @@ static const struct tfab_config_entry table[] = {
      FIELD(mr_cache_entries), &parser_uint, 16, 1u << 24},
     {"TFAB_POOL_CACHE", "268435456", "Bytes of free, registered destination blocks the pool keeps",
      FIELD(pool_cache), &parser_uint, 0, 4095u << 20},
+    {"TFAB_CUDA_CHUNK", "4194304",
+     "Bytes per chunk of a GPU tensor staged through host memory: each chunk's copy overlaps "
+     "the write of the one before",
+     FIELD(cuda_chunk), &parser_uint, 4096, 1u << 30},
+    {"TFAB_CUDA_EMULATE", "0",
+     "Tests only: 1 takes CUDA tensors as host memory, to run the GPU proxy path without a GPU",
+     FIELD(cuda_emulate), &parser_uint, 0, 1},
 };
 
 #define TABLE_LEN (sizeof(table) / sizeof(table[0]))

@@ -22,6 +22,8 @@ struct tfab_config {
 	unsigned progress_thread;    /* TFAB_PROGRESS_THREAD */
 	unsigned mr_cache_entries;   /* TFAB_MR_CACHE_ENTRIES */
 	unsigned pool_cache;	     /* TFAB_POOL_CACHE */
+	unsigned cuda_chunk;	     /* TFAB_CUDA_CHUNK */
+	unsigned cuda_emulate;	     /* TFAB_CUDA_EMULATE */
 };
 
 struct tfab_config_parser {

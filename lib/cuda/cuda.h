@@ -1,0 +1,39 @@
+/*
+ * Copies between CUDA device memory and registered host memory, for the proxy path of GPU
+ * tensors (the fabric cannot reach GPU memory, so the content goes through a host block). One
+ * small interface over three implementations: the CUDA runtime (a build with CUDA and a
+ * device present), an emulation that treats device pointers as host memory (TFAB_CUDA_EMULATE=1:
+ * tests of the proxy pipeline on machines without a GPU), or none.
+ *
+ * Not thread-safe: the engine calls it under the context lock.
+ */
+#ifndef TFAB_CUDA_CUDA_H
+#define TFAB_CUDA_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct tfab_config;
+struct tfab_cuda;
+
+/*
+ * The copier for this context: *cu_p gets NULL (and 0 comes back) when the build has no CUDA,
+ * or no device is present, and emulation is off; the reason is logged once at info level.
+ */
+int tfab__cuda_open(const struct tfab_config *cfg, struct tfab_cuda **cu_p);
+void tfab__cuda_close(struct tfab_cuda *cu);
+
+/* Why there is no copier ("built without CUDA", "no CUDA device: ..."), for error messages. */
+const char *tfab__cuda_absent_reason(void);
+
+/* Start copying n bytes, to the device or from it; *ev_p gets the copy to test. */
+int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size_t n,
+			  bool to_device, void **ev_p);
+
+/* 1 when the copy finished, 0 while it runs, or a negative status; ev is gone unless 0. */
+int tfab__cuda_copy_test(struct tfab_cuda *cu, void *ev);
+
+/* Copy and wait. */
+int tfab__cuda_copy(struct tfab_cuda *cu, void *dst, const void *src, size_t n, bool to_device);
+
+#endif
