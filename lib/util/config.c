@@ -186,8 +186,9 @@ static const struct tfab_config_entry table[] = {
      "verbs local ACK timeout exponent: 4.096 us * 2^N before a retransmission (0 waits "
      "forever)",
      FIELD(verbs_timeout), &parser_uint, 0, 31},
-    {"TFAB_VERBS_RETRY_CNT", "7",
-     "verbs retransmissions after an ACK timeout before the peer is declared lost",
+    {"TFAB_VERBS_RETRY_CNT", "6",
+     "verbs retransmissions after an ACK timeout before the peer is declared lost (rxe takes 7 "
+     "as without limit)",
      FIELD(verbs_retry_cnt), &parser_uint, 0, 7},
     {"TFAB_VERBS_RNR_RETRY", "7",
      "verbs retries when the target has no receive posted (7: without limit)",

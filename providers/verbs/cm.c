@@ -93,7 +93,10 @@ int tfab_verbs_addr_decode(const uint8_t *buf, size_t len, struct tfab_verbs_add
 	return 0;
 }
 
-/* A datagram: magic, version, type, MTU, spare, then the fields in order; 64 bytes. */
+/*
+ * A datagram: magic, version, type, MTU, spare, source and destination endpoints, connection
+ * id, generation, queue pair, PSN, UD queue pair, LID, GID, longest work request; 68 bytes.
+ */
 static void cm_encode(const struct tfab_verbs_cm *m, uint8_t *buf)
 {
 	memset(buf, 0, TFAB_VERBS_CM_LEN);
@@ -110,6 +113,7 @@ static void cm_encode(const struct tfab_verbs_cm *m, uint8_t *buf)
 	put32(buf + 40, m->ud_qpn);
 	put16(buf + 44, m->lid);
 	memcpy(buf + 48, m->gid.raw, 16);
+	put32(buf + 64, m->wr_max);
 }
 
 static int cm_decode(const uint8_t *buf, size_t len, struct tfab_verbs_cm *m)
@@ -130,7 +134,8 @@ static int cm_decode(const uint8_t *buf, size_t len, struct tfab_verbs_cm *m)
 	m->ud_qpn = get32(buf + 40) & 0xffffff;
 	m->lid = get16(buf + 44);
 	memcpy(m->gid.raw, buf + 48, 16);
-	return 0;
+	m->wr_max = get32(buf + 64);
+	return m->wr_max ? 0 : -EINVAL;
 }
 
 static uint32_t new_psn(struct tfab_ep *ep)
@@ -225,7 +230,7 @@ int tfab_verbs_qp_init(struct tfab_ep *ep, struct ibv_qp *qp)
 	a.pkey_index = 0;
 	a.port_num = ep->port.port;
 	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-	return tfab_verbs_errno(ibv_modify_qp(
+	return tfab_verbs_rc(ibv_modify_qp(
 	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
 }
 
@@ -249,7 +254,7 @@ static int qp_connect(struct tfab_ep *ep, struct ibv_qp *qp, uint32_t psn, uint3
 			       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "queue pair %u to RTR: %s", qp->qp_num, strerror(rc));
-		return tfab_verbs_errno(rc);
+		return tfab_verbs_rc(rc);
 	}
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
@@ -263,7 +268,7 @@ static int qp_connect(struct tfab_ep *ep, struct ibv_qp *qp, uint32_t psn, uint3
 			       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "queue pair %u to RTS: %s", qp->qp_num, strerror(rc));
-		return tfab_verbs_errno(rc);
+		return tfab_verbs_rc(rc);
 	}
 	return 0;
 }
@@ -274,7 +279,7 @@ static int qp_to(struct ibv_qp *qp, enum ibv_qp_state state)
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = state;
-	return tfab_verbs_errno(ibv_modify_qp(qp, &a, IBV_QP_STATE));
+	return tfab_verbs_rc(ibv_modify_qp(qp, &a, IBV_QP_STATE));
 }
 
 /* The UD queue pair. */
@@ -301,7 +306,7 @@ int tfab_verbs_ud_post_recv(struct tfab_ep *ep, unsigned slot)
 
 	if (rc)
 		TFAB_ERROR(SUBSYS, "ibv_post_recv on the UD queue pair: %s", strerror(rc));
-	return tfab_verbs_errno(rc);
+	return tfab_verbs_rc(rc);
 }
 
 int tfab_verbs_ud_open(struct tfab_ep *ep)
@@ -353,7 +358,7 @@ int tfab_verbs_ud_open(struct tfab_ep *ep)
 	}
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "bringing the UD queue pair up: %s", strerror(rc));
-		return tfab_verbs_errno(rc);
+		return tfab_verbs_rc(rc);
 	}
 	for (unsigned i = 0; i < TFAB_VERBS_UD_RX; i++) {
 		rc = tfab_verbs_ud_post_recv(ep, i);
@@ -404,7 +409,7 @@ static int cm_send(struct tfab_ep *ep, struct ibv_ah *ah, uint32_t ud_qpn,
 	rc = ibv_post_send(ep->ud_qp, &wr, &bad);
 	if (rc) {
 		TFAB_WARN(SUBSYS, "sending a connection datagram: %s", strerror(rc));
-		return tfab_verbs_errno(rc);
+		return tfab_verbs_rc(rc);
 	}
 	ep->ud_tx_busy[slot] = true;
 	return 0;
@@ -420,6 +425,7 @@ static void cm_mine(const struct tfab_ep *ep, struct tfab_verbs_cm *m, uint8_t t
 	m->lid = ep->port.lid;
 	m->ud_qpn = ep->ud_qp->qp_num;
 	m->gid = ep->port.gid;
+	m->wr_max = ep->wr_max;
 }
 
 static void send_req(struct tfab_conn *conn, uint8_t type)
@@ -511,14 +517,19 @@ void tfab_verbs_conn_drain(struct tfab_conn *conn)
 	conn->deadline_ms = tfab__now_ms() + TFAB_VERBS_DRAIN_MS;
 	set_timed(conn, true);
 	/* The failed work request has put it in the error state; make sure of it. */
-	if (qp_to(conn->qp, IBV_QPS_ERR) == 0 && conn->count)
+	tfab_verbs_conn_flush(conn);
+}
+
+void tfab_verbs_conn_flush(struct tfab_conn *conn)
+{
+	if (qp_to(conn->qp, IBV_QPS_ERR) == 0 && conn->nops)
 		post_marker(conn);
 }
 
 /* After a completion of conn's took work requests off its ring. */
 void tfab_verbs_conn_after_retire(struct tfab_conn *conn)
 {
-	if (conn->count)
+	if (conn->nops)
 		return;
 	if (conn->zombie) {
 		tfab_verbs_conn_destroy(conn);
@@ -541,7 +552,7 @@ void tfab_verbs_conn_destroy(struct tfab_conn *conn)
 	struct tfab_ep *ep = conn->ep;
 
 	/* Completions that may still come for what is left are dropped. */
-	for (unsigned i = 0; i < conn->count; i++)
+	for (unsigned i = 0; i < conn->nops; i++)
 		conn->ring[(conn->head + i) % conn->cap]->conn = NULL;
 	ep->sq_total -= conn->count;
 	drop_backlog(conn, -ECANCELED, "connection closed");
@@ -563,7 +574,7 @@ void tfab_verbs_conn_close(struct tfab_conn *conn)
 	if (conn->gen)
 		send_req(conn, TFAB_VERBS_CM_DISC); /* best effort: frees the peer's end */
 	drop_backlog(conn, -ECANCELED, "connection closed");
-	if (conn->count == 0 || qp_to(conn->qp, IBV_QPS_ERR) || post_marker(conn)) {
+	if (conn->nops == 0 || qp_to(conn->qp, IBV_QPS_ERR) || post_marker(conn)) {
 		tfab_verbs_conn_destroy(conn);
 		return;
 	}
@@ -635,6 +646,8 @@ static void on_req(struct tfab_ep *ep, const struct tfab_verbs_cm *m)
 	}
 	if (p && p->gen > m->gen)
 		return; /* a stale request */
+	if (m->wr_max < ep->len_exact_below)
+		ep->len_exact_below = m->wr_max;
 	if (p)
 		tfab_verbs_passive_destroy(p); /* the requester starts over */
 	p = calloc(1, sizeof(*p));

@@ -14,12 +14,18 @@
 #include "util/config.h"
 #include "util/log.h"
 
+int tfab_verbs_rc(int rc)
+{
+	if (rc == 0)
+		return 0;
+	if (rc > 0)
+		return -rc;
+	return errno > 0 ? -errno : -TFAB_ERR_FABRIC; /* the few that return -1 and set errno */
+}
+
 int tfab_verbs_errno(int err)
 {
-	/* verbs calls return a positive errno, or set errno; 0 there is no answer at all. */
-	if (err < 0)
-		return err;
-	return err ? -err : -TFAB_ERR_FABRIC;
+	return err > 0 ? -err : -TFAB_ERR_FABRIC;
 }
 
 void tfab_verbs_gid_str(const union ibv_gid *gid, char *buf, size_t len)

@@ -55,6 +55,8 @@ struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_ep *ep)
 	op->conn = NULL;
 	op->ctx = NULL;
 	op->inject = false;
+	op->nwr = 0;
+	op->chunk_err = 0;
 	op->status = 0;
 	op->errmsg = NULL;
 	op->lbuf = NULL;
@@ -114,49 +116,104 @@ static int deliver_deferred(struct tfab_ep *ep, struct tfab_event *ev, int max)
 	return n;
 }
 
+/* Put a posted op on its connection's ring. */
+static void ring_add(struct tfab_conn *conn, struct tfab_verbs_op *op, unsigned nwr)
+{
+	op->conn = conn;
+	op->nwr = (uint16_t)nwr;
+	conn->ring[(conn->head + conn->nops) % conn->cap] = op;
+	conn->nops++;
+	conn->count += nwr;
+	conn->ep->sq_total += nwr;
+}
+
 int tfab_verbs_post(struct tfab_conn *conn, struct tfab_verbs_op *op)
 {
 	struct tfab_ep *ep = conn->ep;
-	struct ibv_send_wr wr, *bad;
-	struct ibv_sge sge;
 	bool write = op->kind == TFAB_VERBS_OP_WRITE, signalled;
+	unsigned nwr =
+	    op->len > ep->wr_max ? (unsigned)((op->len + ep->wr_max - 1) / ep->wr_max) : 1;
+	struct ibv_send_wr wr_small[8], *wr = wr_small, *bad;
+	struct ibv_sge sge_small[8], *sge = sge_small;
+	uint64_t off = 0;
 	int rc;
 
-	if (conn->count >= conn->cap || (write && conn->count >= ep->sq_depth) ||
-	    (write && ep->sq_total >= ep->sq_budget))
+	if (conn->count + nwr > conn->cap || (write && conn->count + nwr > ep->sq_depth) ||
+	    (write && ep->sq_total + nwr > ep->sq_budget))
 		return -EAGAIN;
+	if (nwr > 8) {
+		wr = calloc(nwr, sizeof(*wr));
+		sge = calloc(nwr, sizeof(*sge));
+		if (!wr || !sge) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
 	/*
 	 * Signal what the caller waits for, and any write that fills the queue pair or the CQ
 	 * budget: a completion must always be coming while a slot is held.
 	 */
 	signalled = !write || !op->inject || conn->unsignalled + 1 >= ep->signal_every ||
-		    conn->count + 1 >= ep->sq_depth || ep->sq_total + 1 >= ep->sq_budget;
-	memset(&wr, 0, sizeof(wr));
-	wr.wr_id = (uintptr_t)op;
-	wr.opcode = write ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-	if (op->len) {
-		sge.addr = (uintptr_t)(op->inject ? op->data : op->lbuf);
-		sge.length = op->len;
-		sge.lkey = op->lkey;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		if (op->len <= ep->inline_size)
-			wr.send_flags |= IBV_SEND_INLINE;
+		    conn->count + nwr >= ep->sq_depth || ep->sq_total + nwr >= ep->sq_budget;
+	/*
+	 * A write longer than max_msg_sz goes in pieces, the immediate on the last: first the
+	 * remainder, then full ones, so that a last piece shorter than max_msg_sz means the write
+	 * was not split and the target may report its length.
+	 */
+	for (unsigned i = 0; i < nwr; i++) {
+		uint32_t len =
+		    i ? ep->wr_max : (uint32_t)(op->len - (uint64_t)(nwr - 1) * ep->wr_max);
+
+		memset(&wr[i], 0, sizeof(wr[i]));
+		wr[i].next = i + 1 < nwr ? &wr[i + 1] : NULL;
+		wr[i].wr_id = (uintptr_t)op | (i + 1 < nwr ? TFAB_VERBS_TAG_CHUNK : 0);
+		wr[i].opcode = !write	     ? IBV_WR_RDMA_WRITE
+			       : i + 1 < nwr ? IBV_WR_RDMA_WRITE
+					     : IBV_WR_RDMA_WRITE_WITH_IMM;
+		if (len) {
+			sge[i].addr = (uintptr_t)(op->inject ? op->data : op->lbuf) + off;
+			sge[i].length = len;
+			sge[i].lkey = op->lkey;
+			wr[i].sg_list = &sge[i];
+			wr[i].num_sge = 1;
+			if (op->len <= ep->inline_size)
+				wr[i].send_flags |= IBV_SEND_INLINE;
+		}
+		if (signalled && i + 1 == nwr)
+			wr[i].send_flags |= IBV_SEND_SIGNALED;
+		wr[i].imm_data = htonl(op->imm);
+		wr[i].wr.rdma.remote_addr = op->raddr + off;
+		wr[i].wr.rdma.rkey = op->rkey;
+		off += len;
 	}
-	if (signalled)
-		wr.send_flags |= IBV_SEND_SIGNALED;
-	wr.imm_data = htonl(op->imm);
-	wr.wr.rdma.remote_addr = op->raddr;
-	wr.wr.rdma.rkey = op->rkey;
-	rc = ibv_post_send(conn->qp, &wr, &bad);
-	if (rc)
-		return rc == ENOMEM ? -EAGAIN : tfab_verbs_errno(rc);
-	op->conn = conn;
-	conn->ring[(conn->head + conn->count) % conn->cap] = op;
-	conn->count++;
-	ep->sq_total++;
+	op->chunk_err = 0;
+	rc = ibv_post_send(conn->qp, wr, &bad);
+	if (rc && bad != wr) {
+		/*
+		 * Some pieces went and the rest did not (never seen: the slots are counted). The
+		 * op stays on the ring and fails with the connection, whose queue pair is flushed.
+		 */
+		TFAB_ERROR(SUBSYS, "ibv_post_send took %u of %u pieces: %s", (unsigned)(bad - wr),
+			   nwr, strerror(rc));
+		op->chunk_err = IBV_WC_GENERAL_ERR;
+		ring_add(conn, op, (unsigned)(bad - wr));
+		tfab_verbs_conn_fail(conn, -TFAB_ERR_FABRIC, "a write was posted in part");
+		tfab_verbs_conn_flush(conn);
+		rc = 0;
+		goto out;
+	}
+	if (rc) {
+		rc = rc == ENOMEM ? -EAGAIN : tfab_verbs_rc(rc);
+		goto out;
+	}
+	ring_add(conn, op, nwr);
 	conn->unsignalled = signalled ? 0 : conn->unsignalled + 1;
-	return 0;
+out:
+	if (wr != wr_small) {
+		free(wr);
+		free(sge);
+	}
+	return rc;
 }
 
 void tfab_verbs_post_backlog(struct tfab_conn *conn)
@@ -262,13 +319,17 @@ static int on_send_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_e
 		tfab_verbs_op_put(ep, op); /* its queue pair is gone */
 		return 0;
 	}
+	/* A leading piece that failed makes the whole write's failure. */
+	if (st == IBV_WC_WR_FLUSH_ERR && op->chunk_err)
+		st = (enum ibv_wc_status)op->chunk_err;
 	/* Retire everything posted before it: unsignalled writes. */
-	while (conn->count) {
+	while (conn->nops) {
 		struct tfab_verbs_op *e = conn->ring[conn->head];
 
 		conn->head = (conn->head + 1) % conn->cap;
-		conn->count--;
-		ep->sq_total--;
+		conn->nops--;
+		conn->count -= e->nwr;
+		ep->sq_total -= e->nwr;
 		if (e == op)
 			break;
 		retire_quietly(conn, e, st == IBV_WC_SUCCESS);
@@ -301,8 +362,9 @@ static int on_send_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_e
 	} else {
 		/* The write that failed; an injected one has no context to report. */
 		status = wc_status(st);
-		TFAB_INFO(SUBSYS, "a %u-byte write on connection %u failed: %s (vendor error %#x)",
-			  op->len, conn->id, ibv_wc_status_str(st), wc->vendor_err);
+		TFAB_INFO(
+		    SUBSYS, "a %llu-byte write on connection %u failed: %s (vendor error %#x)",
+		    (unsigned long long)op->len, conn->id, ibv_wc_status_str(st), wc->vendor_err);
 		out->type = TFAB_EV_ERROR;
 		out->status = status;
 		out->ctx = op->inject ? NULL : op->ctx;
@@ -334,7 +396,8 @@ static int on_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_event 
 				return 0; /* nothing of ours sends */
 			out->type = TFAB_EV_REMOTE_WRITE;
 			out->imm = ntohl(wc->imm_data);
-			out->len = wc->byte_len;
+			/* The last piece of a split write: its whole length is not known here. */
+			out->len = wc->byte_len < ep->len_exact_below ? wc->byte_len : 0;
 			return 1;
 		}
 		if (wc->status == IBV_WC_WR_FLUSH_ERR)
@@ -361,6 +424,16 @@ static int on_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_event 
 		return 0;
 	case TFAB_VERBS_TAG_OP:
 		return on_send_wc(ep, wc, out);
+	case TFAB_VERBS_TAG_CHUNK: {
+		/* Only failures complete (unsignalled); the write's last piece reports. */
+		struct tfab_verbs_op *op =
+		    (struct tfab_verbs_op *)(uintptr_t)(wc->wr_id & ~(uint64_t)TFAB_VERBS_TAG_MASK);
+
+		if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR && op->conn &&
+		    !op->chunk_err)
+			op->chunk_err = (int)wc->status;
+		return 0;
+	}
 	default:
 		return 0;
 	}
@@ -512,7 +585,7 @@ static int tfab_verbs_write_imm(struct tfab_ep *ep, struct tfab_conn *conn, cons
 	op->ctx = ctx;
 	op->inject = inject;
 	op->lbuf = lbuf;
-	op->len = (uint32_t)len;
+	op->len = len;
 	op->lkey = lmr ? ((struct tfab_verbs_mr *)lmr->prov)->mr->lkey : 0;
 	op->raddr = raddr;
 	op->rkey = (uint32_t)rkey;
@@ -895,7 +968,10 @@ static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **e
 	ep->caps.imm_bytes = 4;
 	ep->caps.mr_addr = TFAB_MR_ADDR_VIRT;
 	ep->caps.key_bytes = 4;
-	ep->caps.max_msg_size = ep->port.max_msg_sz;
+	/* Longer writes go as several work requests, the immediate on the last. */
+	ep->wr_max = ep->port.max_msg_sz ? ep->port.max_msg_sz : 1u << 30;
+	ep->caps.max_msg_size = (uint64_t)ep->wr_max * (ep->sq_depth / 4 ? ep->sq_depth / 4 : 1);
+	ep->len_exact_below = ep->wr_max;
 	ep->caps.inject_size = ep->inline_size;
 	ep->caps.addr_len = TFAB_VERBS_ADDR_LEN;
 	ep->caps.hmem_cuda = hmem_cuda_supported(ep);

@@ -25,7 +25,7 @@
 
 #define TFAB_VERBS_MAX_INLINE 256 /* bytes an op keeps of an injected write, to post it again */
 #define TFAB_VERBS_ADDR_LEN 40	  /* the endpoint blob */
-#define TFAB_VERBS_CM_LEN 64	  /* a connection-setup datagram */
+#define TFAB_VERBS_CM_LEN 68	  /* a connection-setup datagram */
 #define TFAB_VERBS_GRH 40	  /* what a UD receive buffer holds before the datagram */
 #define TFAB_VERBS_UD_RX 64
 #define TFAB_VERBS_UD_TX 16
@@ -38,6 +38,7 @@ enum tfab_verbs_tag {
 	TFAB_VERBS_TAG_RECV = 1,    /* an SRQ receive */
 	TFAB_VERBS_TAG_UD_RECV = 2, /* index << 3 */
 	TFAB_VERBS_TAG_UD_SEND = 3, /* index << 3 */
+	TFAB_VERBS_TAG_CHUNK = 4,   /* op | 4: a leading piece of a write longer than max_msg_sz */
 	TFAB_VERBS_TAG_MASK = 7,
 };
 
@@ -78,6 +79,7 @@ struct tfab_verbs_cm {
 	uint64_t src_ep, dst_ep;
 	uint32_t conn_id, gen; /* the requester's connection, and its setup generation */
 	uint32_t qpn, psn;     /* the sender's RC queue pair */
+	uint32_t wr_max;       /* the sender's longest work request */
 	uint8_t mtu;
 	uint16_t lid;
 	uint32_t ud_qpn; /* where to answer */
@@ -97,11 +99,13 @@ struct tfab_verbs_op {
 	void *ctx;
 	uint8_t kind;
 	bool inject;
-	int status; /* deferred ERROR events */
+	uint16_t nwr;  /* work requests it was posted as (a long write goes in pieces) */
+	int chunk_err; /* enum ibv_wc_status of a failed leading piece, else 0 */
+	int status;    /* deferred ERROR events */
 	const char *errmsg;
 	const void *lbuf;
-	uint32_t len, lkey, rkey, imm;
-	uint64_t raddr;
+	uint64_t len, raddr;
+	uint32_t lkey, rkey, imm;
 	uint8_t data[TFAB_VERBS_MAX_INLINE]; /* an injected write's payload */
 };
 
@@ -123,9 +127,9 @@ struct tfab_conn {
 	struct ibv_qp *qp;
 	struct tfab_verbs_addr remote;
 	struct ibv_ah *ah; /* to the peer's UD queue pair; owned by ep's cache */
-	/* posted work requests in order: ring[(head + i) % cap] */
+	/* posted ops in order, ring[(head + i) % cap] for i < nops, using count send slots */
 	struct tfab_verbs_op **ring;
-	unsigned cap, head, count;
+	unsigned cap, head, nops, count;
 	unsigned unsignalled; /* injected writes posted unsignalled since the last signalled one */
 	/*
 	 * Writes flushed by another write's failure, posted again in order once reconnected.
@@ -176,6 +180,12 @@ struct tfab_ep {
 	unsigned cq_events; /* read from the channel, not yet acknowledged */
 	/* settings, clamped to the device */
 	unsigned sq_depth, rq_depth, inline_size, signal_every;
+	uint32_t wr_max; /* longest single work request: the port's max_msg_sz */
+	/*
+	 * The smallest wr_max of this endpoint and of every peer that connected to it: a write
+	 * that lands shorter than that was not split, so its byte_len is the whole write's.
+	 */
+	uint32_t len_exact_below;
 	uint8_t timeout, retry_cnt, rnr_retry;
 	unsigned connect_timeout_ms;
 	unsigned rq_posted;
@@ -225,7 +235,9 @@ void tfab_verbs_explain(const struct tfab_config *cfg, char *buf, size_t len);
 /* "::ffff:127.0.0.1" */
 void tfab_verbs_gid_str(const union ibv_gid *gid, char *buf, size_t len);
 
-/* A verbs call's errno as a tfab status. */
+/* A verbs call's return value (0, or a positive errno) as a tfab status. */
+int tfab_verbs_rc(int rc);
+/* errno after a verbs call returned NULL, as a tfab status (never 0). */
 int tfab_verbs_errno(int err);
 
 /* cm.c */
@@ -251,6 +263,8 @@ int tfab_verbs_qp_init(struct tfab_ep *ep, struct ibv_qp *qp);
 int tfab_verbs_conn_start(struct tfab_ep *ep, struct tfab_conn *conn);
 void tfab_verbs_conn_fail(struct tfab_conn *conn, int status, const char *why);
 void tfab_verbs_conn_drain(struct tfab_conn *conn);
+/* Move the queue pair to ERR and post a marker: everything on the ring completes, flushed. */
+void tfab_verbs_conn_flush(struct tfab_conn *conn);
 void tfab_verbs_conn_after_retire(struct tfab_conn *conn);
 void tfab_verbs_conn_close(struct tfab_conn *conn);
 void tfab_verbs_conn_destroy(struct tfab_conn *conn);
