@@ -71,6 +71,7 @@ assert [b["note"] for b in d["backends"] if b["name"] == "verbs"][0]
 device)
 	check "tfab-info: verbs built in with a device" grep -q '^  verbs  built in$' "$out/info"
 	check "... listed as a usable fabric" grep -qE '^  verbs +[a-z]' "$out/info"
+	check "... and selected by TFAB_PROVIDER=auto" grep -q '^Selected: verbs$' "$out/info"
 	TFAB_PROVIDER=verbs "$bin/tfab-info" >"$out/sel" 2>/dev/null
 	check "TFAB_PROVIDER=verbs tfab-info selects verbs" grep -q '^Selected: verbs$' "$out/sel"
 	;;
