@@ -74,6 +74,10 @@ device)
 	check "... and selected by TFAB_PROVIDER=auto" grep -q '^Selected: verbs$' "$out/info"
 	TFAB_PROVIDER=verbs "$bin/tfab-info" >"$out/sel" 2>/dev/null
 	check "TFAB_PROVIDER=verbs tfab-info selects verbs" grep -q '^Selected: verbs$' "$out/sel"
+	TFAB_PROVIDER=verbs TFAB_VERBS_GID_INDEX=250 "$bin/tfab-info" >/dev/null 2>"$out/err"
+	check "TFAB_VERBS_GID_INDEX naming an empty entry fails" [ $? != 0 ]
+	check "... saying so" grep -q 'TFAB_VERBS_GID_INDEX=250: [a-z0-9_]* port 1 has no such GID' \
+		"$out/err"
 	;;
 esac
 if [ "$verbs" != device ]; then
