@@ -2,8 +2,9 @@
 # /init of the tfab test VM; test/verbs/vm.py puts it in the initramfs with busybox and the
 # kernel modules. Loads the modules, mounts this machine's root (9p, read-only) with fresh proc,
 # sys, dev and tmpfs over it, mounts the job share at its host path, adds rxe0 on dummy0
-# (10.93.0.1), runs the job chrooted with only its own environment, and prints its exit status on the console, where
-# vm.py reads it. Its markers: TFAB-VM-READY, TFAB-VM-EXIT: N, TFAB-VM-SETUP-FAILED: why.
+# (10.93.0.1), runs the job chrooted with only its own environment, and prints its exit status
+# on the console, where vm.py reads it. Markers: TFAB-VM-READY, TFAB-VM-EXIT: N,
+# TFAB-VM-SETUP-FAILED: why.
 set -euo pipefail
 /bin/busybox --install -s /bin
 export PATH=/bin

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # In the VM: ibv_rc_pingpong server and client over rxe0 on GID index 1 (RoCE v2), checking the
-# received buffers (-c). Both sides must finish and report their exchanges.
+# received buffers (-c) and sleeping on completion events (-e). Both sides must finish and
+# report their exchanges.
 set -euo pipefail
 
 if ! command -v ibv_rc_pingpong >/dev/null; then
@@ -9,7 +10,7 @@ if ! command -v ibv_rc_pingpong >/dev/null; then
 fi
 
 iters=500
-args=(-d rxe0 -g 1 -n "$iters" -s 4096 -c)
+args=(-d rxe0 -g 1 -n "$iters" -s 4096 -c -e)
 dir=$(mktemp -d)
 server=
 cleanup() {

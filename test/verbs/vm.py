@@ -8,16 +8,19 @@
 prepare (also done by run, once) fetches the kernel package that linux-image-amd64 depends on
 into a scratch folder (never installed on this host), and keeps under DIR/kernel/ an
 uncompressed vmlinux (booted directly, PVH) and an initramfs: busybox-static, the kernel
-modules for rdma_rxe, rdma_ucm and a virtio 9p share, and guest-init.sh. It is idempotent and
-safe to run from several processes at once (flock on DIR/prepare.lock).
+modules for rdma_rxe, rdma_ucm, dummy and a virtio 9p share, and guest-init.sh. It is
+idempotent and safe to run from several processes at once (flock on DIR/prepare.lock).
+TFAB_VM_KERNEL_DEB=FILE.deb uses that kernel package instead of downloading one.
 
 run boots the VM with this machine's root filesystem shared read-only over 9p. The guest's init
 mounts it, mounts proc, sys, dev and tmpfs (/tmp, /run, /dev/shm) over it, and chroots into it,
 so every program, library and the meson build dir are at the same paths as here. It adds rxe0 on
-lo (GID index 1 is ::ffff:127.0.0.1), runs COMMAND in the given directory with only the given
-environment, and reports its exit status on the serial console; this script exits with it (77
-is SKIP). DIR/runs/NAME/ keeps the console log, the command's stdout and stderr and the job
-script of the latest run of NAME.
+dummy0 (10.93.0.1; GID index 1 is ::ffff:10.93.0.1), runs COMMAND in the given directory with
+only the given environment (and TFAB_VM_EXTRA_ENV="NAME=VALUE ..." from here), and reports its
+exit status on the serial console; this script exits with it (77 is SKIP). DIR/runs/NAME/ keeps
+the console log, the command's stdout and stderr and the job script of the latest run of NAME;
+the command finds that folder, the only place it can write that outlives the VM, in
+$TFAB_VM_RUN_DIR.
 
 Exits 77 with a one-line reason when this machine cannot run the VM (no qemu, no busybox-static,
 no kernel package to download...). See doc/verbs-vm.md.
@@ -201,6 +204,8 @@ def build_kernel(cache):
             shutil.copy(vmlinuz, os.path.join(out, "vmlinuz"))
         with open(os.path.join(out, "VERSION"), "w") as f:
             f.write(kver + "\n")
+        with open(os.path.join(out, "MODULES"), "w") as f:
+            f.write(" ".join(MODULES) + "\n")
         final = os.path.join(cache, "kernel")
         if os.path.exists(final):
             shutil.rmtree(final)
@@ -246,7 +251,11 @@ def prepare(cache, retry=False):
                 if time.monotonic() > deadline:
                     raise Fail(f"{cache}/prepare.lock held for 15 minutes")
                 time.sleep(0.5)
-        if not os.path.exists(os.path.join(kernel, "VERSION")):
+        try:
+            have = open(os.path.join(kernel, "MODULES")).read().split()
+        except OSError:
+            have = None
+        if have != MODULES:  # none yet, or another module list: fetch again
             if not retry and os.path.exists(failed) and \
                     time.time() - os.stat(failed).st_mtime < FAILED_PREPARE_TTL_S:
                 raise Skip(open(failed).read().strip())
@@ -272,6 +281,7 @@ def write_job(jobdir, cwd, env, command):
     """The script the guest runs in the chroot, and the file that tells init where it is."""
     lines = ["# Written by test/verbs/vm.py: runs in the VM, chrooted into the host's root.",
              "ulimit -l unlimited", f"cd {shlex.quote(cwd)} || exit 125"]
+    env = dict(env, TFAB_VM_RUN_DIR=jobdir)
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append("exec " + " ".join(shlex.quote(c) for c in command))
     with open(os.path.join(jobdir, "job.sh"), "w") as f:
