@@ -27,6 +27,7 @@
 
 #define TFAB_VERBS_OP_CHUNK 64
 #define TFAB_VERBS_SCAN_MS 2 /* how often connection timers are looked at, while any run */
+#define TFAB_VERBS_CQ_SPARE 64
 
 struct tfab_verbs_chunk {
 	struct tfab_verbs_chunk *next;
@@ -841,15 +842,20 @@ static int set_limits(struct tfab_ep *ep, const struct tfab_config *cfg,
 	ep->sq_depth = cfg->verbs_sq_depth;
 	if (d->max_qp_wr > 1 && ep->sq_depth + 1 > (unsigned)d->max_qp_wr)
 		ep->sq_depth = (unsigned)d->max_qp_wr - 1;
-	if (cq_depth < ep->rq_depth + TFAB_VERBS_UD_RX + TFAB_VERBS_UD_TX + 2 * ep->sq_depth) {
+	if (cq_depth < ep->rq_depth + TFAB_VERBS_UD_RX + TFAB_VERBS_UD_TX + TFAB_VERBS_CQ_SPARE +
+			   2 * ep->sq_depth) {
 		TFAB_ERROR(SUBSYS,
 			   "TFAB_VERBS_CQ_DEPTH=%u (device limit %d) leaves too little room "
 			   "beside %u receives and %u-deep send queues",
 			   cfg->verbs_cq_depth, d->max_cqe, ep->rq_depth, ep->sq_depth);
 		return -TFAB_ERR_CONFIG;
 	}
-	/* Every posted work request may complete, flushed ones too: the CQ must hold them. */
-	ep->sq_budget = cq_depth - ep->rq_depth - TFAB_VERBS_UD_RX - TFAB_VERBS_UD_TX;
+	/*
+	 * Every posted work request may complete, flushed ones too: the CQ must hold them. The
+	 * spare is for markers, which are posted whatever the budget (two per connection at most).
+	 */
+	ep->sq_budget =
+	    cq_depth - ep->rq_depth - TFAB_VERBS_UD_RX - TFAB_VERBS_UD_TX - TFAB_VERBS_CQ_SPARE;
 	ep->signal_every = cfg->verbs_signal_every;
 	ep->timeout = (uint8_t)cfg->verbs_timeout;
 	ep->retry_cnt = (uint8_t)cfg->verbs_retry_cnt;
