@@ -46,6 +46,13 @@ int tfab__no_open(const struct tfab_open_args *args, struct tfab_ep **ep_p)
 	return -EOPNOTSUPP;
 }
 
+void tfab__no_explain(const struct tfab_config *cfg, char *buf, size_t len)
+{
+	(void)cfg;
+	if (len)
+		buf[0] = '\0';
+}
+
 const struct tfab_provider_ops *const *tfab__providers(void)
 {
 	return builtin;
@@ -115,20 +122,31 @@ static int usable(const struct tfab_provider_ops *ops, const struct tfab_config 
 	return ops->probe(cfg, fabric, count_cb, &n) > 0 && n > 0;
 }
 
-static int fail(int rc, char *errbuf, size_t errlen, const struct tfab_config *cfg,
-		const char *what)
+/* A failure message naming the choices, with the backend's own words on why (ops, if any). */
+static int fail_why(int rc, char *errbuf, size_t errlen, const struct tfab_config *cfg,
+		    const char *what, const struct tfab_provider_ops *ops)
 {
 	struct choice_list cl;
 	const char *fi = getenv("FI_PROVIDER");
+	char why[256] = "";
 
+	if (ops)
+		ops->explain(cfg, why, sizeof(why));
 	available_choices(cfg, &cl);
 	snprintf(errbuf, errlen,
-		 "TFAB_PROVIDER=%s: %s. Choices: auto, verbs, ofi, ofi:<libfabric provider>; "
+		 "TFAB_PROVIDER=%s: %s%s%s%s. Choices: auto, verbs, ofi, ofi:<libfabric provider>; "
 		 "usable on this machine: %s%s%s",
-		 cfg->provider, what, cl.text, fi ? " (FI_PROVIDER=" : "", fi ? fi : "");
+		 cfg->provider, what, why[0] ? " (" : "", why, why[0] ? ")" : "", cl.text,
+		 fi ? " (FI_PROVIDER=" : "", fi ? fi : "");
 	if (fi)
 		strncat(errbuf, ")", errlen - strlen(errbuf) - 1);
 	return rc;
+}
+
+static int fail(int rc, char *errbuf, size_t errlen, const struct tfab_config *cfg,
+		const char *what)
+{
+	return fail_why(rc, errbuf, errlen, cfg, what, NULL);
 }
 
 int tfab__provider_select(const struct tfab_config *cfg, const struct tfab_provider_ops **ops_p,
@@ -168,9 +186,10 @@ int tfab__provider_select(const struct tfab_config *cfg, const struct tfab_provi
 	if (colon && strlen(colon + 1) >= fabric_len)
 		return fail(-TFAB_ERR_CONFIG, errbuf, errlen, cfg, "provider name too long");
 	if (!usable(ops, cfg, colon ? colon + 1 : NULL))
-		return fail(-TFAB_ERR_NO_FABRIC, errbuf, errlen, cfg,
-			    colon ? "libfabric offers no usable endpoint with that provider"
-				  : "that backend finds no usable device or provider here");
+		return fail_why(-TFAB_ERR_NO_FABRIC, errbuf, errlen, cfg,
+				colon ? "libfabric offers no usable endpoint with that provider"
+				      : "that backend finds no usable device or provider here",
+				ops);
 	if (colon)
 		snprintf(fabric, fabric_len, "%s", colon + 1);
 	*ops_p = ops;

@@ -136,11 +136,19 @@ struct tfab_provider_ops {
 
 	/* Drive progress and return up to max events (0 when there are none). Never blocks. */
 	int (*poll)(struct tfab_ep *ep, struct tfab_event *ev, int max);
+
+	/*
+	 * Why probe finds nothing usable, in words, for messages ("no RDMA device: this kernel
+	 * has no RDMA support"); an empty string when there is nothing to add. Opens nothing
+	 * that stays open.
+	 */
+	void (*explain)(const struct tfab_config *cfg, char *buf, size_t len);
 };
 
 /* Stubs for operations a backend lacks: each returns -EOPNOTSUPP. */
 int tfab__no_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb, void *arg);
 int tfab__no_open(const struct tfab_open_args *args, struct tfab_ep **ep_p);
+void tfab__no_explain(const struct tfab_config *cfg, char *buf, size_t len);
 
 /* The backends built in, in auto-selection order; NULL-terminated. */
 const struct tfab_provider_ops *const *tfab__providers(void);

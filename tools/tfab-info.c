@@ -68,9 +68,16 @@ int main(int argc, char **argv)
 		for (size_t i = 0; tfab__provider_known[i]; i++) {
 			const char *name = tfab__provider_known[i];
 
+			const struct tfab_provider_ops *ops = tfab__provider_find(name);
+			char why[256] = "";
+
+			if (ops)
+				ops->explain(&cfg, why, sizeof(why));
 			printf("%s{\"name\":", i ? "," : "");
 			json_str(stdout, name);
-			printf(",\"built\":%s}", tfab__provider_find(name) ? "true" : "false");
+			printf(",\"built\":%s,\"note\":", ops ? "true" : "false");
+			json_str(stdout, why[0] ? why : NULL);
+			printf("}");
 		}
 		printf("],\"fabrics\":[");
 		for (int i = 0; i < fl.n; i++) {
@@ -115,14 +122,19 @@ int main(int argc, char **argv)
 		printf("tfab %s\n\nBackends:\n", tfab_version());
 		for (size_t i = 0; tfab__provider_known[i]; i++) {
 			const char *name = tfab__provider_known[i];
+			const struct tfab_provider_ops *ops = tfab__provider_find(name);
+			char why[256] = "";
 			int devices = 0;
 
 			for (int j = 0; j < fl.n; j++)
 				devices += strcmp(fl.d[j].backend, name) == 0;
-			printf("  %-6s %s\n", name,
-			       !tfab__provider_find(name) ? "not built in"
-			       : devices		  ? "built in"
-							  : "built in, no usable device");
+			if (ops && !devices)
+				ops->explain(&cfg, why, sizeof(why));
+			printf("  %-6s %s%s%s%s\n", name,
+			       !ops	 ? "not built in"
+			       : devices ? "built in"
+					 : "built in, no usable device",
+			       why[0] ? " (" : "", why, why[0] ? ")" : "");
 		}
 		printf("\nUsable fabrics:\n");
 		if (!fl.n)

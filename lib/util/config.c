@@ -83,6 +83,33 @@ static void format_uint(const void *field, char *buf, size_t len)
 	snprintf(buf, len, "%u", *(const unsigned *)field);
 }
 
+/* "auto" (stored as -1) or a number within the bounds, into an int. */
+static int parse_auto_uint(const char *text, void *field, size_t size, unsigned long min,
+			   unsigned long max)
+{
+	unsigned v;
+	int rc;
+
+	if (strcmp(text, "auto") == 0) {
+		*(int *)field = -1;
+		return 0;
+	}
+	rc = parse_uint(text, &v, size, min, max);
+	if (rc == 0)
+		*(int *)field = (int)v;
+	return rc;
+}
+
+static void format_auto_uint(const void *field, char *buf, size_t len)
+{
+	int v = *(const int *)field;
+
+	if (v < 0)
+		snprintf(buf, len, "auto");
+	else
+		snprintf(buf, len, "%d", v);
+}
+
 static int parse_level(const char *text, void *field, size_t size, unsigned long min,
 		       unsigned long max)
 {
@@ -105,6 +132,8 @@ static void format_level(const void *field, char *buf, size_t len)
 
 static const struct tfab_config_parser parser_string = {"string", parse_string, format_string};
 static const struct tfab_config_parser parser_uint = {"uint", parse_uint, format_uint};
+static const struct tfab_config_parser parser_auto_uint = {"auto|uint", parse_auto_uint,
+							   format_auto_uint};
 static const struct tfab_config_parser parser_level = {"level", parse_level, format_level};
 
 #define FIELD(f) offsetof(struct tfab_config, f), sizeof(((struct tfab_config *)0)->f)
@@ -129,6 +158,45 @@ static const struct tfab_config_entry table[] = {
      FIELD(ofi_rx_depth), &parser_uint, 1, 65536},
     {"TFAB_OFI_POLL_BATCH", "32", "Completions read from the libfabric queue per call",
      FIELD(ofi_poll_batch), &parser_uint, 1, 1024},
+    {"TFAB_VERBS_DEVICE", "",
+     "RDMA device for the verbs backend, such as mlx5_0 or rxe0; empty takes the first with an "
+     "active port",
+     FIELD(verbs_device), &parser_string, 0, 0},
+    {"TFAB_VERBS_PORT", "auto", "Port of the verbs device: auto (the first active one) or a number",
+     FIELD(verbs_port), &parser_auto_uint, 1, 255},
+    {"TFAB_VERBS_GID_INDEX", "auto",
+     "GID table index for verbs: auto (on RoCE a RoCE v2 GID with an IPv4-mapped address "
+     "first; on InfiniBand 0) or a number",
+     FIELD(verbs_gid_index), &parser_auto_uint, 0, 255},
+    {"TFAB_VERBS_SQ_DEPTH", "256", "Send work requests per verbs queue pair (writes in flight)",
+     FIELD(verbs_sq_depth), &parser_uint, 16, 32768},
+    {"TFAB_VERBS_RQ_DEPTH", "1024",
+     "Receives kept posted in the verbs shared receive queue (each remote write uses one)",
+     FIELD(verbs_rq_depth), &parser_uint, 16, 65536},
+    {"TFAB_VERBS_CQ_DEPTH", "8192", "verbs completion queue depth, in entries",
+     FIELD(verbs_cq_depth), &parser_uint, 256, 1u << 20},
+    {"TFAB_VERBS_INLINE", "256",
+     "Largest verbs write sent inline (IBV_SEND_INLINE; also TFAB_WRITE_INJECT's limit), capped "
+     "by the device; 0 sends nothing inline",
+     FIELD(verbs_inline), &parser_uint, 0, 256},
+    {"TFAB_VERBS_SIGNAL_EVERY", "32",
+     "Unsignalled injected writes in a row before one is signalled to free send queue slots",
+     FIELD(verbs_signal_every), &parser_uint, 1, 4096},
+    {"TFAB_VERBS_TIMEOUT", "14",
+     "verbs local ACK timeout exponent: 4.096 us * 2^N before a retransmission (0 waits "
+     "forever)",
+     FIELD(verbs_timeout), &parser_uint, 0, 31},
+    {"TFAB_VERBS_RETRY_CNT", "6",
+     "verbs retransmissions after an ACK timeout before the peer is declared lost (rxe takes 7 "
+     "as without limit)",
+     FIELD(verbs_retry_cnt), &parser_uint, 0, 7},
+    {"TFAB_VERBS_RNR_RETRY", "7",
+     "verbs retries when the target has no receive posted (7: without limit)",
+     FIELD(verbs_rnr_retry), &parser_uint, 0, 7},
+    {"TFAB_VERBS_CQ_EVENTS", "0",
+     "0 busy-polls the verbs completion queue; 1 also arms it on a completion channel and reads "
+     "its events without blocking",
+     FIELD(verbs_cq_events), &parser_uint, 0, 1},
     {"TFAB_RING_SLOTS", "64", "Control message slots per peer and direction (the credit window)",
      FIELD(ring_slots), &parser_uint, 2, 1024},
     {"TFAB_PROGRESS_THREAD", "0",

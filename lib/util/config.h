@@ -18,6 +18,18 @@ struct tfab_config {
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */
 	unsigned ofi_poll_batch;     /* TFAB_OFI_POLL_BATCH */
+	char verbs_device[64];	     /* TFAB_VERBS_DEVICE */
+	int verbs_port;		     /* TFAB_VERBS_PORT, -1 for auto */
+	int verbs_gid_index;	     /* TFAB_VERBS_GID_INDEX, -1 for auto */
+	unsigned verbs_sq_depth;     /* TFAB_VERBS_SQ_DEPTH */
+	unsigned verbs_rq_depth;     /* TFAB_VERBS_RQ_DEPTH */
+	unsigned verbs_cq_depth;     /* TFAB_VERBS_CQ_DEPTH */
+	unsigned verbs_inline;	     /* TFAB_VERBS_INLINE */
+	unsigned verbs_signal_every; /* TFAB_VERBS_SIGNAL_EVERY */
+	unsigned verbs_timeout;	     /* TFAB_VERBS_TIMEOUT */
+	unsigned verbs_retry_cnt;    /* TFAB_VERBS_RETRY_CNT */
+	unsigned verbs_rnr_retry;    /* TFAB_VERBS_RNR_RETRY */
+	unsigned verbs_cq_events;    /* TFAB_VERBS_CQ_EVENTS */
 	unsigned ring_slots;	     /* TFAB_RING_SLOTS */
 	unsigned progress_thread;    /* TFAB_PROGRESS_THREAD */
 	unsigned mr_cache_entries;   /* TFAB_MR_CACHE_ENTRIES */
@@ -27,7 +39,7 @@ struct tfab_config {
 };
 
 struct tfab_config_parser {
-	const char *kind; /* "string", "uint", "level" */
+	const char *kind; /* "string", "uint", "auto|uint", "level" */
 	int (*parse)(const char *text, void *field, size_t size, unsigned long min,
 		     unsigned long max);
 	void (*format)(const void *field, char *buf, size_t len);

@@ -806,4 +806,5 @@ const struct tfab_provider_ops tfab_ofi_ops = {
     .mr_dereg = tfab_ofi_mr_dereg,
     .write_imm = tfab_ofi_write_imm,
     .poll = tfab_ofi_poll,
+    .explain = tfab__no_explain,
 };

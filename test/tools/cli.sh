@@ -9,6 +9,7 @@ check() { # name, condition...
 	shift
 	if "$@"; then echo "ok - $name"; else echo "not ok - $name"; fails=$((fails + 1)); fi
 }
+lacks() { ! grep -q "$@"; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -43,10 +44,59 @@ TFAB_OFI_CQ_SIZE=abc "$bin/tfab-info" >/dev/null 2>"$out/err"
 check "a bad setting fails tfab-info" [ $? != 0 ]
 check "... naming the variable" grep -q 'TFAB_OFI_CQ_SIZE=abc' "$out/err"
 
-if ! "$bin/tfab-info" | grep -q '^  verbs  built in$'; then
+# The verbs backend: built or not, with a usable device or not, tfab-info and a forced
+# TFAB_PROVIDER=verbs say which, and why.
+verbs=$(python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+built = [b["built"] for b in d["backends"] if b["name"] == "verbs"][0]
+print("device" if any(f["backend"] == "verbs" for f in d["fabrics"]) else
+      "nodevice" if built else "notbuilt")
+' "$out/json")
+case $verbs in
+notbuilt)
+	check "tfab-info: verbs not built in" grep -q '^  verbs  not built in$' "$out/info"
+	verbs_err='that backend is not built into this tfab'
+	;;
+nodevice)
+	check "tfab-info: verbs built in, no usable device, and why" \
+		grep -qE '^  verbs  built in, no usable device \(.+\)$' "$out/info"
+	check "tfab-info --json: why verbs has no device" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert [b["note"] for b in d["backends"] if b["name"] == "verbs"][0]
+' "$out/json"
+	verbs_err='that backend finds no usable device or provider here ([^)]'
+	;;
+device)
+	check "tfab-info: verbs built in with a device" grep -q '^  verbs  built in$' "$out/info"
+	check "... listed as a usable fabric" grep -qE '^  verbs +[a-z]' "$out/info"
+	check "... and selected by TFAB_PROVIDER=auto" grep -q '^Selected: verbs$' "$out/info"
+	TFAB_PROVIDER=verbs "$bin/tfab-info" >"$out/sel" 2>/dev/null
+	check "TFAB_PROVIDER=verbs tfab-info selects verbs" grep -q '^Selected: verbs$' "$out/sel"
+	TFAB_PROVIDER=verbs TFAB_VERBS_GID_INDEX=250 "$bin/tfab-info" >/dev/null 2>"$out/err"
+	check "TFAB_VERBS_GID_INDEX naming an empty entry fails" [ $? != 0 ]
+	check "... saying so" grep -q 'TFAB_VERBS_GID_INDEX=250: [a-z0-9_]* port 1 has no such GID' \
+		"$out/err"
+	;;
+esac
+if [ "$verbs" != device ]; then
 	TFAB_PROVIDER=verbs timeout 60 "$bin/tfab-perf" raw -s 8 -n 4 >/dev/null 2>"$out/err"
 	check "TFAB_PROVIDER=verbs tfab-perf raw fails without a device" [ $? != 0 ]
+	check "... saying why" grep -q "TFAB_PROVIDER=verbs: $verbs_err" "$out/err"
+	if [ "$verbs" = nodevice ] && [ ! -e /sys/class/infiniband_verbs ]; then
+		check "... in verbs' own words" \
+			grep -q '(no RDMA device: this kernel has no RDMA support' "$out/err"
+	fi
 	check "... naming the choices" grep -q "$choices" "$out/err"
+	TFAB_PROVIDER=auto "$bin/tfab-info" >"$out/sel" 2>/dev/null
+	check "TFAB_PROVIDER=auto does not select verbs" lacks '^Selected: verbs' "$out/sel"
+fi
+TFAB_PROVIDER=verbs TFAB_VERBS_DEVICE=nosuchdev0 "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "TFAB_VERBS_DEVICE naming no device fails" [ $? != 0 ]
+if [ "$verbs" = device ]; then
+	check "... naming the devices there are" \
+		grep -q 'TFAB_VERBS_DEVICE=nosuchdev0 matches no device; there are: ' "$out/err"
 fi
 
 "$bin/tfab-perf" --sizes 1X >/dev/null 2>&1

@@ -262,6 +262,42 @@ static void test_string_too_long(void **state)
 	assert_string_equal(cfg.ofi_domain, "");
 }
 
+/* "auto" or a number: auto is stored as -1, numbers keep their bounds. */
+static void test_auto_or_number(void **state)
+{
+	struct tfab_config cfg;
+	char err[256] = "";
+
+	(void)state;
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_int_equal(cfg.verbs_gid_index, -1);
+	assert_int_equal(cfg.verbs_port, -1);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_GID_INDEX", "3", NULL, 0), 0);
+	assert_int_equal(cfg.verbs_gid_index, 3);
+	assert_field_is(&cfg, "TFAB_VERBS_GID_INDEX", "3");
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_GID_INDEX", "0", NULL, 0), 0);
+	assert_int_equal(cfg.verbs_gid_index, 0);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_GID_INDEX", "auto", NULL, 0), 0);
+	assert_int_equal(cfg.verbs_gid_index, -1);
+	assert_field_is(&cfg, "TFAB_VERBS_GID_INDEX", "auto");
+	/* Ports count from 1; a refused value leaves the field alone. */
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_PORT", "2", NULL, 0), 0);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_PORT", "0", err, sizeof(err)),
+			 -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_VERBS_PORT=0"));
+	assert_int_equal(cfg.verbs_port, 2);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_GID_INDEX", "-1", NULL, 0),
+			 -TFAB_ERR_CONFIG);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_GID_INDEX", "256", NULL, 0),
+			 -TFAB_ERR_CONFIG);
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_VERBS_GID_INDEX", "Auto", NULL, 0),
+			 -TFAB_ERR_CONFIG);
+	assert_int_equal(cfg.verbs_gid_index, -1);
+	setenv("TFAB_VERBS_GID_INDEX", "1", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_int_equal(cfg.verbs_gid_index, 1);
+}
+
 static void test_public_settings(void **state)
 {
 	const struct tfab_config_entry *table;
@@ -342,6 +378,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_set_unknown, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_set_invalid_keeps_field, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_string_too_long, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_auto_or_number, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_public_settings, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_public_value_reflects_env, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_settings_check, clean_env, clean_env),
