@@ -579,6 +579,15 @@ static int sc_abort(struct mp *mp)
 		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "later", 1, NULL, on_recv, &d),
 			 -ECANCELED);
 		CHECK_RC(tfab_send(mp->ctx, "later", 1, &t.dl, false, on_sent, &d), -ECANCELED);
+	} else {
+		/*
+		 * Stay until rank 0 has aborted (no barrier: its context refuses everything then):
+		 * a receive of ours parked there fails with its abort status, or when it is gone.
+		 */
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], "never", 1, NULL, on_recv, &d), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 1 &&
+		      (d.last_status == -ECANCELED || d.last_status == -TFAB_ERR_PEER_FAILED));
 	}
 	tensor_free(&t);
 	return 0;
