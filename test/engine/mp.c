@@ -140,6 +140,26 @@ static int read_file(int rank, const char *what, unsigned *value_p)
 	return -ETIMEDOUT;
 }
 
+int mp_note(struct mp *mp, const char *what)
+{
+	return write_file(mp->rank, what, 1);
+}
+
+int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms)
+{
+	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/%s%d", scratch, what, rank);
+	while (access(path, F_OK) != 0) {
+		if (now_ms() > deadline)
+			return -ETIMEDOUT;
+		tfab_progress(mp->ctx);
+		usleep(1000);
+	}
+	return 0;
+}
+
 static int mp_setup(struct mp *mp)
 {
 	uint16_t port;

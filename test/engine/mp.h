@@ -63,6 +63,14 @@ int mp_main(int argc, char **argv, const struct mp_scenario *scenarios, int n);
 /* Drive progress until *flag becomes nonzero or timeout_ms passes; returns the flag. */
 int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms);
 
+/*
+ * Notes outside the fabric (files in the run's folder), for scenarios that break the fabric:
+ * mp_note marks `what` done by this rank; mp_wait_note drives progress until rank marked it,
+ * or -ETIMEDOUT.
+ */
+int mp_note(struct mp *mp, const char *what);
+int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms);
+
 /* A barrier among all ranks through the fabric (a tensor per pair). 0 on success. */
 int mp_barrier(struct mp *mp, int64_t tag);
 
