@@ -357,14 +357,20 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 			return rc;
 		/* back-pressure: queue the encoded bytes below */
 	}
-	pm = malloc(sizeof(*pm) + SLOT_SIZE);
+	/*
+	 * Queued at its encoded size (tens of bytes, not a slot): a step's requests can queue by
+	 * the thousand behind the credit window, and how many do depends on timing.
+	 */
+	uint8_t buf[SLOT_SIZE];
+
+	rc = tfab__wire_msg_encode(m, buf, SLOT_SIZE, &len);
+	if (rc)
+		return rc;
+	pm = malloc(sizeof(*pm) + len);
 	if (!pm)
 		return -ENOMEM;
-	rc = tfab__wire_msg_encode(m, pm->bytes, SLOT_SIZE, &pm->len);
-	if (rc) {
-		free(pm);
-		return rc;
-	}
+	memcpy(pm->bytes, buf, len);
+	pm->len = len;
 	tfab__list_add_tail(&peer->pending, &pm->link);
 	return 0;
 }
