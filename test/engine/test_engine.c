@@ -468,10 +468,11 @@ static int sc_threads(struct mp *mp)
 		CHECK(pthread_create(&th[i], NULL, mp->rank ? send_thread : recv_thread, &a[i]) ==
 		      0);
 	}
-	for (int i = 0; i < 4; i++) {
+	/* every thread joined before any check: they use a[] and the context */
+	for (int i = 0; i < 4; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < 4; i++)
 		CHECK(!a[i].failed);
-	}
 	return 0;
 }
 
