@@ -56,7 +56,8 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 	{
 		struct tfab_request *r = tfab_container_of(l, struct tfab_request, done_link);
 
-		r->cb(r->arg, r->status, r->out, r->is_dead);
+		if (r->cb) /* else a blocking receive, whose waiter has its result */
+			r->cb(r->arg, r->status, r->out, r->is_dead);
 	}
 	tfab_list_for_each_safe(l, t, &sends)
 	{
@@ -184,6 +185,7 @@ static void *progress_main(void *arg)
 int tfab_context_create(struct tfab_context **ctx_p)
 {
 	struct tfab_context *ctx;
+	pthread_condattr_t cattr;
 	char err[1024];
 	int rc;
 
@@ -193,6 +195,11 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	if (!ctx)
 		return -ENOMEM;
 	pthread_mutex_init(&ctx->lock, NULL);
+	/* Blocking receives wait on it with deadlines from tfab__now_ms(). */
+	pthread_condattr_init(&cattr);
+	pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+	pthread_cond_init(&ctx->cond, &cattr);
+	pthread_condattr_destroy(&cattr);
 	tfab__list_init(&ctx->peers);
 	tfab__list_init(&ctx->writes_pending);
 	tfab__list_init(&ctx->done_reqs);
@@ -241,6 +248,7 @@ err:
 		tfab__mr_cache_destroy(ctx->mr_cache);
 	if (ctx->ops)
 		ctx->ops->close(ctx->ep);
+	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return rc;
@@ -347,6 +355,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	free(ctx->reqs);
 	free(ctx->req_gen);
 	free(ctx->req_free);
+	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return 0;

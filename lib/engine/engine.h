@@ -89,6 +89,14 @@ enum tfab_req_state {
 	TFAB_REQ_DONE,
 };
 
+/* A blocking receive's result, written under the lock when its request ends. */
+struct tfab_sync_wait {
+	bool done;
+	int status;
+	DLManagedTensor *tensor;
+	bool is_dead;
+};
+
 /* The receiver's cycle for one receive. */
 struct tfab_request {
 	struct tfab_list link;	    /* peer->requests */
@@ -111,8 +119,9 @@ struct tfab_request {
 	int status;
 	bool is_dead;
 	DLManagedTensor *out;
-	tfab_recv_cb cb;
+	tfab_recv_cb cb; /* NULL for a blocking receive */
 	void *arg;
+	struct tfab_sync_wait *sync; /* a blocking receive's waiter, until the request ends */
 };
 
 enum tfab_send_state {
@@ -186,7 +195,7 @@ struct tfab_context {
 	uint64_t managed_out; /* library-allocated tensors the application holds */
 	pthread_t progress_thread;
 	bool thread_running, thread_stop;
-	pthread_cond_t cond; /* signalled when callbacks ran, for blocking receives */
+	pthread_cond_t cond; /* broadcast when a blocking receive's request ends */
 };
 
 /* context.c */
