@@ -26,15 +26,16 @@ void tfab__ctx_lock(struct tfab_context *ctx)
 	pthread_mutex_lock(&ctx->lock);
 }
 
-/* Run the callbacks that became due, with the lock dropped. */
-void tfab__ctx_unlock(struct tfab_context *ctx)
+static bool callbacks_due(const struct tfab_context *ctx)
+{
+	return !tfab__list_empty(&ctx->done_reqs) || !tfab__list_empty(&ctx->done_sends);
+}
+
+/* Take the due callbacks, run them with the lock dropped, free their objects under it. */
+static void deliver(struct tfab_context *ctx)
 {
 	struct tfab_list reqs, sends, *l, *t;
 
-	if (tfab__list_empty(&ctx->done_reqs) && tfab__list_empty(&ctx->done_sends)) {
-		pthread_mutex_unlock(&ctx->lock);
-		return;
-	}
 	/* Move the lists out whole, so callbacks may post more work. */
 	tfab__list_init(&reqs);
 	tfab__list_init(&sends);
@@ -66,7 +67,7 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 		s->cb(s->arg, s->status);
 	}
 
-	/* Free under the lock: a blocking receive checks its request under it. */
+	/* Free under the lock: a send's write may still be in flight. */
 	pthread_mutex_lock(&ctx->lock);
 	tfab_list_for_each_safe(l, t, &reqs)
 	{
@@ -83,6 +84,28 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 			free(s);
 		}
 	}
+}
+
+/*
+ * Drop the lock, then run the callbacks that became due. One thread at a time runs a
+ * context's callbacks, so two never run at once (the progress thread and callers that drive
+ * progress, or post, all get here): a thread that finds another one delivering leaves its
+ * callbacks to it, and the deliverer goes on until none are due. A callback's own calls
+ * into tfab deliver on its thread, nested.
+ */
+void tfab__ctx_unlock(struct tfab_context *ctx)
+{
+	pthread_t self = pthread_self();
+
+	if (!callbacks_due(ctx) || (ctx->cb_depth && !pthread_equal(ctx->cb_thread, self))) {
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
+	ctx->cb_thread = self;
+	ctx->cb_depth++;
+	while (callbacks_due(ctx))
+		deliver(ctx);
+	ctx->cb_depth--;
 	pthread_mutex_unlock(&ctx->lock);
 }
 

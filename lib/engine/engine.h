@@ -195,12 +195,15 @@ struct tfab_context {
 	uint64_t managed_out; /* library-allocated tensors the application holds */
 	pthread_t progress_thread;
 	bool thread_running, thread_stop;
+	/* The thread running callbacks (see tfab__ctx_unlock), while cb_depth > 0. */
+	pthread_t cb_thread;
+	unsigned cb_depth;   /* its nested deliveries */
 	pthread_cond_t cond; /* broadcast when a blocking receive's request ends */
 };
 
 /* context.c */
 void tfab__ctx_lock(struct tfab_context *ctx);
-/* Drops the lock, then runs every callback that became due. */
+/* Drops the lock, then runs every callback that became due, unless another thread does. */
 void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
 

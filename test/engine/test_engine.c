@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -476,6 +477,116 @@ static int sc_threads(struct mp *mp)
 	return 0;
 }
 
+static uint64_t ms_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+enum { SERIAL_OPS = 1000, SERIAL_DRIVERS = 3 };
+
+struct serial {
+	struct mp *mp;
+	int posted;
+	int inside;   /* atomic: a callback is running */
+	int overlaps; /* atomic: callbacks that found another one running */
+	int finished; /* atomic: callbacks run, for the drivers */
+	int count;    /* plain: callbacks never run at once */
+	int errors;
+};
+
+static void serial_done(struct serial *s, int status)
+{
+	if (__atomic_exchange_n(&s->inside, 1, __ATOMIC_ACQUIRE))
+		__atomic_fetch_add(&s->overlaps, 1, __ATOMIC_RELAXED);
+	/* let the other threads run: the window a callback run at the same time would hit */
+	sched_yield();
+	s->count++;
+	s->errors += status != 0;
+	__atomic_store_n(&s->inside, 0, __ATOMIC_RELEASE);
+	__atomic_fetch_add(&s->finished, 1, __ATOMIC_RELEASE); /* the last touch of s */
+}
+
+static void serial_sent(void *arg, int status)
+{
+	serial_done(arg, status);
+}
+
+static void serial_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
+{
+	(void)is_dead;
+	if (t)
+		t->deleter(t);
+	serial_done(arg, status || !t);
+}
+
+static void *serial_driver(void *p)
+{
+	struct serial *s = p;
+	uint64_t deadline = ms_now() + WAIT_MS;
+
+	while (__atomic_load_n(&s->finished, __ATOMIC_ACQUIRE) < s->posted && ms_now() < deadline)
+		tfab_progress(s->mp->ctx);
+	return NULL;
+}
+
+/*
+ * A context's callbacks never run at the same time, whichever threads drive progress: three
+ * threads (and the progress thread, when on) drive it while 1,000 sends (rank 1) or receives
+ * (rank 0) complete. Each callback checks that no other one is running, and counts with a
+ * plain increment. A blocking receive that gives up says so.
+ */
+static int sc_callbacks_serial(struct mp *mp)
+{
+	struct serial *s = calloc(1, sizeof(*s));
+	int32_t *vals = calloc(SERIAL_OPS, sizeof(*vals));
+	pthread_t th[SERIAL_DRIVERS];
+	int64_t one = 1;
+	char key[32];
+	int rc = 0;
+
+	CHECK(s && vals);
+	s->mp = mp;
+	if (mp->rank == 0) {
+		DLManagedTensor *m = NULL;
+
+		CHECK_RC(
+		    tfab_recv_sync(mp->ctx, mp->peers[1], "serial/never", 12, NULL, 200, &m, NULL),
+		    -ETIMEDOUT);
+		CHECK(m == NULL);
+	}
+	for (int i = 0; i < SERIAL_OPS && rc == 0; i++) {
+		DLTensor t = {.data = &vals[i],
+			      .device = {kDLCPU, 0},
+			      .ndim = 1,
+			      .dtype = {kDLInt, 32, 1},
+			      .shape = &one};
+
+		snprintf(key, sizeof(key), "serial/%d", i);
+		vals[i] = i;
+		if (mp->rank == 1)
+			rc = tfab_send(mp->ctx, key, 12, &t, false, serial_sent, s);
+		else
+			rc = tfab_recv(mp->ctx, mp->peers[1], key, 12, NULL, serial_recv, s);
+		if (rc == 0)
+			s->posted++;
+	}
+	for (int i = 0; i < SERIAL_DRIVERS; i++)
+		CHECK(pthread_create(&th[i], NULL, serial_driver, s) == 0);
+	for (int i = 0; i < SERIAL_DRIVERS; i++)
+		pthread_join(th[i], NULL);
+	CHECK_RC(rc, 0);
+	/* s and vals stay allocated while callbacks may still come */
+	CHECK(__atomic_load_n(&s->finished, __ATOMIC_ACQUIRE) == SERIAL_OPS);
+	CHECK(s->overlaps == 0);
+	CHECK(s->count == SERIAL_OPS && s->errors == 0);
+	free(s);
+	free(vals);
+	return 0;
+}
+
 /* Four processes, each sending to and receiving from every other. */
 static int sc_all_to_all(struct mp *mp)
 {
@@ -811,6 +922,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
     {.name = "threads", .nranks = 2, .fn = sc_threads},
+    {.name = "callbacks_serial", .nranks = 2, .fn = sc_callbacks_serial},
     {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
