@@ -95,7 +95,7 @@ TFAB_EXPORT int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, cons
 /*
  * A blocking receive on top: waits at most timeout_ms (driving progress itself unless the
  * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the library-allocated
- * tensor when dest is NULL.
+ * tensor when dest is NULL. It may be called in a callback, on the progress thread too.
  */
 TFAB_EXPORT int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			       int64_t step_id, DLTensor *dest, int timeout_ms,

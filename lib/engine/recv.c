@@ -423,7 +423,8 @@ int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 			tfab__request_fail(r, -ETIMEDOUT, true); /* sets w.done */
 			break;
 		}
-		if (ctx->thread_running) {
+		/* In a callback on the progress thread, no other thread drives progress. */
+		if (ctx->thread_running && !pthread_equal(pthread_self(), ctx->progress_thread)) {
 			cond_wait_until(ctx, deadline);
 		} else {
 			tfab__progress_locked(ctx);

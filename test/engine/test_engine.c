@@ -587,6 +587,82 @@ static int sc_callbacks_serial(struct mp *mp)
 	return 0;
 }
 
+struct nested {
+	struct mp *mp;
+	int rc;
+	int32_t value;
+	int done; /* atomic */
+};
+
+static void nested_cb(void *arg, int status, DLManagedTensor *t, bool is_dead)
+{
+	struct nested *n = arg;
+	DLManagedTensor *m = NULL;
+
+	(void)is_dead;
+	if (t)
+		t->deleter(t);
+	n->rc =
+	    tfab_recv_sync(n->mp->ctx, n->mp->peers[1], "nested/inner", 13, NULL, 5000, &m, NULL);
+	if (status && n->rc == 0)
+		n->rc = status;
+	if (m) {
+		n->value = *(int32_t *)m->dl_tensor.data;
+		m->deleter(m);
+	}
+	__atomic_store_n(&n->done, 1, __ATOMIC_RELEASE); /* the last touch of n */
+}
+
+/*
+ * A callback that calls a blocking receive: it completes wherever the callback runs, on the
+ * progress thread too (which then drives progress itself).
+ */
+static int sc_callback_recv_sync(struct mp *mp)
+{
+	static int32_t vals[2] = {7, 8};
+	int64_t one = 1;
+	DLTensor t[2] = {
+	    {.data = &vals[0],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	    {.data = &vals[1],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	};
+
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		CHECK_RC(tfab_send(mp->ctx, "nested/outer", 13, &t[0], false, on_sent, &d), 0);
+		CHECK_RC(tfab_send(mp->ctx, "nested/inner", 13, &t[1], false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 2));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	struct nested *n = calloc(1, sizeof(*n));
+	uint64_t deadline = ms_now() + WAIT_MS;
+
+	CHECK(n);
+	n->mp = mp;
+	CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "nested/outer", 13, NULL, nested_cb, n), 0);
+	/* With the progress thread, leave the callback to it. */
+	while (!__atomic_load_n(&n->done, __ATOMIC_ACQUIRE) && ms_now() < deadline) {
+		if (mp->ctx->thread_running)
+			usleep(1000);
+		else
+			tfab_progress(mp->ctx);
+	}
+	CHECK(__atomic_load_n(&n->done, __ATOMIC_ACQUIRE)); /* else n is left to the callback */
+	CHECK_RC(n->rc, 0);
+	CHECK(n->value == 8);
+	free(n);
+	return 0;
+}
+
 /* Four processes, each sending to and receiving from every other. */
 static int sc_all_to_all(struct mp *mp)
 {
@@ -923,6 +999,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
     {.name = "threads", .nranks = 2, .fn = sc_threads},
     {.name = "callbacks_serial", .nranks = 2, .fn = sc_callbacks_serial},
+    {.name = "callback_recv_sync", .nranks = 2, .fn = sc_callback_recv_sync},
     {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
