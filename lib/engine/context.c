@@ -327,21 +327,27 @@ int tfab_abort(struct tfab_context *ctx, int status)
 
 int tfab_context_destroy(struct tfab_context *ctx)
 {
-	uint64_t deadline;
+	uint64_t deadline, out;
 
 	if (!ctx)
 		return 0;
-	if (__atomic_load_n(&ctx->managed_out, __ATOMIC_ACQUIRE)) {
+	/*
+	 * Tensors are handed out under the lock: checked under it, and the progress thread
+	 * stopped in the same hold, none can be handed out after the check.
+	 */
+	tfab__ctx_lock(ctx);
+	out = __atomic_load_n(&ctx->managed_out, __ATOMIC_ACQUIRE);
+	if (!out)
+		ctx->thread_stop = true;
+	pthread_mutex_unlock(&ctx->lock);
+	if (out) {
 		TFAB_ERROR(SUBSYS,
 			   "destroying a context while the application holds %llu of its "
 			   "tensors",
-			   (unsigned long long)ctx->managed_out);
+			   (unsigned long long)out);
 		return -EBUSY;
 	}
 	if (ctx->thread_running) {
-		tfab__ctx_lock(ctx);
-		ctx->thread_stop = true;
-		pthread_mutex_unlock(&ctx->lock);
 		pthread_join(ctx->progress_thread, NULL);
 		ctx->thread_running = false;
 	}

@@ -663,6 +663,46 @@ static int sc_callback_recv_sync(struct mp *mp)
 	return 0;
 }
 
+/*
+ * Destroying a context while the application holds one of its tensors: -EBUSY, and nothing
+ * done (the progress thread, when on, still runs: the next receive completes).
+ */
+static int sc_destroy_busy(struct mp *mp)
+{
+	static int32_t vals[2] = {5, 6};
+	int64_t one = 1;
+	DLTensor t[2] = {
+	    {.data = &vals[0],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	    {.data = &vals[1],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	};
+	DLManagedTensor *m = NULL, *m2 = NULL;
+
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		CHECK_RC(tfab_send(mp->ctx, "busy/1", 14, &t[0], false, on_sent, &d), 0);
+		CHECK_RC(tfab_send(mp->ctx, "busy/2", 14, &t[1], false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 2));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	CHECK_RC(recv_one(mp, 1, "busy/1", 14, &m, NULL), 0);
+	CHECK_RC(tfab_context_destroy(mp->ctx), -EBUSY);
+	CHECK_RC(recv_one(mp, 1, "busy/2", 14, &m2, NULL), 0);
+	CHECK(*(int32_t *)m->dl_tensor.data == 5 && *(int32_t *)m2->dl_tensor.data == 6);
+	m->deleter(m);
+	m2->deleter(m2);
+	return 0;
+}
+
 /* Four processes, each sending to and receiving from every other. */
 static int sc_all_to_all(struct mp *mp)
 {
@@ -1000,6 +1040,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "threads", .nranks = 2, .fn = sc_threads},
     {.name = "callbacks_serial", .nranks = 2, .fn = sc_callbacks_serial},
     {.name = "callback_recv_sync", .nranks = 2, .fn = sc_callback_recv_sync},
+    {.name = "destroy_busy", .nranks = 2, .fn = sc_destroy_busy},
     {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
