@@ -285,15 +285,27 @@ static void requests_cleanup(struct tfab_context *ctx, bool all, int64_t step, i
 	tfab_list_for_each_safe(pl, pt, &ctx->peers)
 	{
 		struct tfab_peer *peer = tfab_container_of(pl, struct tfab_peer, link);
-		struct tfab_list *l, *t;
+		struct tfab_list doomed, *l, *t;
 
+		/*
+		 * Taken off the peer first: a cancel that fails the peer fails the requests
+		 * still on it, which would pull the walk's next one out from under it.
+		 */
+		tfab__list_init(&doomed);
 		tfab_list_for_each_safe(l, t, &peer->requests)
 		{
 			struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
 
-			if (all || r->step == step)
-				tfab__request_fail(r, status, true);
+			if (all || r->step == step) {
+				tfab__list_del(l);
+				tfab__list_add_tail(&doomed, l);
+			}
 		}
+		/* Each one ends, and so leaves the list. */
+		while (!tfab__list_empty(&doomed))
+			tfab__request_fail(
+			    tfab_container_of(doomed.next, struct tfab_request, link), status,
+			    true);
 	}
 }
 

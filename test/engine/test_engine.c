@@ -703,6 +703,68 @@ static int sc_destroy_busy(struct mp *mp)
 	return 0;
 }
 
+/* Provider operations whose control messages (not credits) fail at once, as to a peer gone. */
+static struct tfab_provider_ops failing_ops;
+static const struct tfab_provider_ops *real_ops;
+
+static int failing_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
+			     size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
+			     uint32_t imm, unsigned flags, void *ctx)
+{
+	if (tfab__imm_is_ctrl(imm) && !tfab__imm_is_credit(imm))
+		return -TFAB_ERR_PEER_FAILED;
+	return real_ops->write_imm(ep, peer, lbuf, len, lmr, raddr, rkey, imm, flags, ctx);
+}
+
+/* Swap the context's provider operations under the lock (the progress thread uses them). */
+static void set_ops(struct tfab_context *ctx, const struct tfab_provider_ops *ops)
+{
+	tfab__ctx_lock(ctx);
+	ctx->ops = ops;
+	tfab__ctx_unlock(ctx);
+}
+
+/*
+ * A step cleanup whose first message (a receive's cancel; on the sender, a parked request's
+ * error reply) fails the peer, and with it the rest of what the cleanup walks: every receive
+ * still ends once, and the walk survives the requests it has not reached yet ending under it.
+ */
+static int sc_cleanup_fails_peer(struct mp *mp)
+{
+	struct done d = {0};
+	uint64_t deadline = ms_now() + WAIT_MS;
+	int other = mp->rank ? 0 : 1;
+	size_t parked = 0;
+	char key[32];
+
+	real_ops = mp->ctx->ops;
+	failing_ops = *real_ops;
+	failing_ops.write_imm = failing_write_imm;
+	/* Rank 0 receives what rank 1 never sends: parked there, pending here. */
+	for (int i = 0; i < 4 && mp->rank == 0; i++) {
+		snprintf(key, sizeof(key), "doomed/%d", i);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], key, 21, NULL, on_recv, &d), 0);
+	}
+	CHECK(mp_barrier(mp, 21) == 0);
+	while (mp->rank == 1 && parked < 4 && ms_now() < deadline) {
+		tfab_progress(mp->ctx);
+		tfab__ctx_lock(mp->ctx);
+		parked = mp->ctx->parked.count;
+		tfab__ctx_unlock(mp->ctx);
+	}
+	CHECK(mp->rank == 0 || parked == 4);
+	set_ops(mp->ctx, &failing_ops);
+	CHECK_RC(tfab_step_cleanup(mp->ctx, 21), 0);
+	set_ops(mp->ctx, real_ops);
+	if (mp->rank == 0) {
+		CHECK(wait_n(mp, &d, 4));
+		CHECK(d.n == 4 && d.errors == 4);
+	}
+	CHECK_RC(tfab_recv(mp->ctx, mp->peers[other], "after", 1, NULL, on_recv, &d),
+		 -TFAB_ERR_PEER_FAILED);
+	return 0;
+}
+
 /* Four processes, each sending to and receiving from every other. */
 static int sc_all_to_all(struct mp *mp)
 {
@@ -1041,6 +1103,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "callbacks_serial", .nranks = 2, .fn = sc_callbacks_serial},
     {.name = "callback_recv_sync", .nranks = 2, .fn = sc_callback_recv_sync},
     {.name = "destroy_busy", .nranks = 2, .fn = sc_destroy_busy},
+    {.name = "cleanup_fails_peer", .nranks = 2, .fn = sc_cleanup_fails_peer, .no_barrier = true},
     {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
