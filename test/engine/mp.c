@@ -49,17 +49,24 @@ int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms)
 	return *flag;
 }
 
+/* sent and received are counted last, with release, and read with acquire. */
 struct barrier_state {
-	volatile int sent, received, failed;
+	int sent, received, failed;
 };
+
+static int barrier_count(struct barrier_state *b)
+{
+	return __atomic_load_n(&b->sent, __ATOMIC_ACQUIRE) +
+	       __atomic_load_n(&b->received, __ATOMIC_ACQUIRE);
+}
 
 static void barrier_sent(void *arg, int status)
 {
 	struct barrier_state *b = arg;
 
-	b->sent++;
 	if (status)
 		b->failed = 1;
+	__atomic_fetch_add(&b->sent, 1, __ATOMIC_RELEASE);
 }
 
 static void barrier_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
@@ -69,9 +76,9 @@ static void barrier_recv(void *arg, int status, DLManagedTensor *t, bool is_dead
 	(void)is_dead;
 	if (t)
 		t->deleter(t);
-	b->received++;
 	if (status)
 		b->failed = 1;
+	__atomic_fetch_add(&b->received, 1, __ATOMIC_RELEASE);
 }
 
 int mp_barrier(struct mp *mp, int64_t tag)
@@ -108,11 +115,11 @@ int mp_barrier(struct mp *mp, int64_t tag)
 			break;
 		posted++;
 	}
-	while (b->sent + b->received < posted && now_ms() < deadline)
+	while (barrier_count(b) < posted && now_ms() < deadline)
 		tfab_progress(mp->ctx);
-	if (b->sent + b->received < posted) {
+	if (barrier_count(b) < posted) {
 		fprintf(stderr, "rank %d: barrier %lld: %d of %d operations done after %d ms\n",
-			mp->rank, (long long)tag, b->sent + b->received, posted, SETUP_MS);
+			mp->rank, (long long)tag, barrier_count(b), posted, SETUP_MS);
 		return 1;
 	}
 	rc = posted == 2 * want && !b->failed ? 0 : 1;

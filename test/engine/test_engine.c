@@ -75,9 +75,9 @@ static void tensor_free(struct tensor *t)
 	t->buf = NULL;
 }
 
-/* Completion records. */
+/* Completion records: n is written last, with release, and read with acquire. */
 struct done {
-	volatile int n;
+	int n;
 	volatile int errors;
 	int last_status;
 	DLManagedTensor *tensor;
@@ -92,7 +92,7 @@ static void on_sent(void *arg, int status)
 		d->errors++;
 		d->last_status = status;
 	}
-	d->n++;
+	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
 }
 
 static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
@@ -107,7 +107,12 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 		d->tensor->deleter(d->tensor);
 	d->tensor = t;
 	d->is_dead = is_dead;
-	d->n++;
+	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
+}
+
+static int done_n(struct done *d)
+{
+	return __atomic_load_n(&d->n, __ATOMIC_ACQUIRE);
 }
 
 static int wait_n(struct mp *mp, struct done *d, int n)
@@ -115,13 +120,13 @@ static int wait_n(struct mp *mp, struct done *d, int n)
 	uint64_t spins = 0;
 
 	(void)spins;
-	for (int i = 0; i < WAIT_MS && d->n < n; i++) {
-		for (int k = 0; k < 1000 && d->n < n; k++)
+	for (int i = 0; i < WAIT_MS && done_n(d) < n; i++) {
+		for (int k = 0; k < 1000 && done_n(d) < n; k++)
 			tfab_progress(mp->ctx);
-		if (d->n < n)
+		if (done_n(d) < n)
 			usleep(i < 10 ? 0 : 100);
 	}
-	return d->n >= n;
+	return done_n(d) >= n;
 }
 
 static const DLDataType f32 = {kDLFloat, 32, 1};
@@ -451,7 +456,7 @@ static void *send_thread(void *p)
 		if (tfab_send(a->mp->ctx, key, 9, &t, false, on_sent, &d))
 			a->failed = 1;
 	}
-	while (d.n < a->n)
+	while (done_n(&d) < a->n)
 		tfab_progress(a->mp->ctx);
 	a->failed |= d.errors != 0;
 	free(vals);
