@@ -2,9 +2,12 @@
  * The tensor rendezvous: contexts, peers, sends and receives of DLPack tensors by key and
  * step id, with zero copies on the DMAable path.
  *
- * Threads: every function here is thread-safe. Callbacks run on the thread that drives
- * progress (tfab_progress, a blocking receive, or the progress thread when TFAB_PROGRESS_THREAD
- * is set) without any tfab lock held, so they may call back into tfab.
+ * Threads: every function here is thread-safe. Callbacks run without any tfab lock held, so
+ * they may call back into tfab, on a thread that calls into the context (mostly the one that
+ * drives progress: tfab_progress, or the progress thread when TFAB_PROGRESS_THREAD is set).
+ * A context's callbacks never run at the same time: one thread at a time runs them, in turn,
+ * so state they share needs no lock among them. A callback that blocks holds up the other
+ * callbacks of its context (not progress, nor blocking receives, which need no callback).
  */
 #ifndef TFAB_ENGINE_H
 #define TFAB_ENGINE_H
@@ -92,7 +95,7 @@ TFAB_EXPORT int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, cons
 /*
  * A blocking receive on top: waits at most timeout_ms (driving progress itself unless the
  * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the library-allocated
- * tensor when dest is NULL.
+ * tensor when dest is NULL. It may be called in a callback, on the progress thread too.
  */
 TFAB_EXPORT int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			       int64_t step_id, DLTensor *dest, int timeout_ms,

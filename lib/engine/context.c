@@ -26,15 +26,16 @@ void tfab__ctx_lock(struct tfab_context *ctx)
 	pthread_mutex_lock(&ctx->lock);
 }
 
-/* Run the callbacks that became due, with the lock dropped. */
-void tfab__ctx_unlock(struct tfab_context *ctx)
+static bool callbacks_due(const struct tfab_context *ctx)
+{
+	return !tfab__list_empty(&ctx->done_reqs) || !tfab__list_empty(&ctx->done_sends);
+}
+
+/* Take the due callbacks, run them with the lock dropped, free their objects under it. */
+static void deliver(struct tfab_context *ctx)
 {
 	struct tfab_list reqs, sends, *l, *t;
 
-	if (tfab__list_empty(&ctx->done_reqs) && tfab__list_empty(&ctx->done_sends)) {
-		pthread_mutex_unlock(&ctx->lock);
-		return;
-	}
 	/* Move the lists out whole, so callbacks may post more work. */
 	tfab__list_init(&reqs);
 	tfab__list_init(&sends);
@@ -56,9 +57,10 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 	{
 		struct tfab_request *r = tfab_container_of(l, struct tfab_request, done_link);
 
-		if (r->strings)
+		/* without a callback, a blocking receive, whose waiter has its result */
+		if (r->strings && r->scb)
 			r->scb(r->arg, r->status, r->sout, r->is_dead);
-		else
+		else if (!r->strings && r->cb)
 			r->cb(r->arg, r->status, r->out, r->is_dead);
 	}
 	tfab_list_for_each_safe(l, t, &sends)
@@ -68,7 +70,7 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 		s->cb(s->arg, s->status);
 	}
 
-	/* Free under the lock: a blocking receive checks its request under it. */
+	/* Free under the lock: a send's write may still be in flight. */
 	pthread_mutex_lock(&ctx->lock);
 	tfab_list_for_each_safe(l, t, &reqs)
 	{
@@ -85,6 +87,28 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 			tfab__send_free(ctx, s);
 		}
 	}
+}
+
+/*
+ * Drop the lock, then run the callbacks that became due. One thread at a time runs a
+ * context's callbacks, so two never run at once (the progress thread and callers that drive
+ * progress, or post, all get here): a thread that finds another one delivering leaves its
+ * callbacks to it, and the deliverer goes on until none are due. A callback's own calls
+ * into tfab deliver on its thread, nested.
+ */
+void tfab__ctx_unlock(struct tfab_context *ctx)
+{
+	pthread_t self = pthread_self();
+
+	if (!callbacks_due(ctx) || (ctx->cb_depth && !pthread_equal(ctx->cb_thread, self))) {
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
+	ctx->cb_thread = self;
+	ctx->cb_depth++;
+	while (callbacks_due(ctx))
+		deliver(ctx);
+	ctx->cb_depth--;
 	pthread_mutex_unlock(&ctx->lock);
 }
 
@@ -188,6 +212,7 @@ static void *progress_main(void *arg)
 int tfab_context_create(struct tfab_context **ctx_p)
 {
 	struct tfab_context *ctx;
+	pthread_condattr_t cattr;
 	char err[1024];
 	int rc;
 
@@ -197,6 +222,11 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	if (!ctx)
 		return -ENOMEM;
 	pthread_mutex_init(&ctx->lock, NULL);
+	/* Blocking receives wait on it with deadlines from tfab__now_ms(). */
+	pthread_condattr_init(&cattr);
+	pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+	pthread_cond_init(&ctx->cond, &cattr);
+	pthread_condattr_destroy(&cattr);
 	tfab__list_init(&ctx->peers);
 	tfab__list_init(&ctx->writes_pending);
 	tfab__list_init(&ctx->staging);
@@ -247,6 +277,7 @@ err:
 	if (ctx->ops)
 		ctx->ops->close(ctx->ep);
 	tfab__cuda_close(ctx->cuda);
+	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return rc;
@@ -260,15 +291,27 @@ static void requests_cleanup(struct tfab_context *ctx, bool all, int64_t step, i
 	tfab_list_for_each_safe(pl, pt, &ctx->peers)
 	{
 		struct tfab_peer *peer = tfab_container_of(pl, struct tfab_peer, link);
-		struct tfab_list *l, *t;
+		struct tfab_list doomed, *l, *t;
 
+		/*
+		 * Taken off the peer first: a cancel that fails the peer fails the requests
+		 * still on it, which would pull the walk's next one out from under it.
+		 */
+		tfab__list_init(&doomed);
 		tfab_list_for_each_safe(l, t, &peer->requests)
 		{
 			struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
 
-			if (all || r->step == step)
-				tfab__request_fail(r, status, true);
+			if (all || r->step == step) {
+				tfab__list_del(l);
+				tfab__list_add_tail(&doomed, l);
+			}
 		}
+		/* Each one ends, and so leaves the list. */
+		while (!tfab__list_empty(&doomed))
+			tfab__request_fail(
+			    tfab_container_of(doomed.next, struct tfab_request, link), status,
+			    true);
 	}
 }
 
@@ -302,21 +345,27 @@ int tfab_abort(struct tfab_context *ctx, int status)
 
 int tfab_context_destroy(struct tfab_context *ctx)
 {
-	uint64_t deadline;
+	uint64_t deadline, out;
 
 	if (!ctx)
 		return 0;
-	if (__atomic_load_n(&ctx->managed_out, __ATOMIC_ACQUIRE)) {
+	/*
+	 * Tensors are handed out under the lock: checked under it, and the progress thread
+	 * stopped in the same hold, none can be handed out after the check.
+	 */
+	tfab__ctx_lock(ctx);
+	out = __atomic_load_n(&ctx->managed_out, __ATOMIC_ACQUIRE);
+	if (!out)
+		ctx->thread_stop = true;
+	pthread_mutex_unlock(&ctx->lock);
+	if (out) {
 		TFAB_ERROR(SUBSYS,
 			   "destroying a context while the application holds %llu of its "
 			   "tensors",
-			   (unsigned long long)ctx->managed_out);
+			   (unsigned long long)out);
 		return -EBUSY;
 	}
 	if (ctx->thread_running) {
-		tfab__ctx_lock(ctx);
-		ctx->thread_stop = true;
-		pthread_mutex_unlock(&ctx->lock);
 		pthread_join(ctx->progress_thread, NULL);
 		ctx->thread_running = false;
 	}
@@ -354,6 +403,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	free(ctx->reqs);
 	free(ctx->req_gen);
 	free(ctx->req_free);
+	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return 0;

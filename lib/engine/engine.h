@@ -91,6 +91,15 @@ enum tfab_req_state {
 	TFAB_REQ_DONE,
 };
 
+/* A blocking receive's result, written under the lock when its request ends. */
+struct tfab_sync_wait {
+	bool done;
+	int status;
+	DLManagedTensor *tensor;
+	struct tfab_string_tensor *strings;
+	bool is_dead;
+};
+
 /* The receiver's cycle for one receive. */
 struct tfab_request {
 	struct tfab_list link;	    /* peer->requests */
@@ -114,12 +123,13 @@ struct tfab_request {
 	int status;
 	bool is_dead;
 	DLManagedTensor *out;
-	tfab_recv_cb cb;
+	tfab_recv_cb cb; /* NULL for a blocking receive */
 	/* a string tensor's receive (tfab_recv_strings): these instead of cb and out */
 	bool strings;
 	tfab_recv_strings_cb scb;
 	struct tfab_string_tensor *sout;
 	void *arg;
+	struct tfab_sync_wait *sync; /* a blocking receive's waiter, until the request ends */
 };
 
 enum tfab_send_state {
@@ -205,12 +215,15 @@ struct tfab_context {
 	uint64_t managed_out; /* library-allocated tensors the application holds */
 	pthread_t progress_thread;
 	bool thread_running, thread_stop;
-	pthread_cond_t cond; /* signalled when callbacks ran, for blocking receives */
+	/* The thread running callbacks (see tfab__ctx_unlock), while cb_depth > 0. */
+	pthread_t cb_thread;
+	unsigned cb_depth;   /* its nested deliveries */
+	pthread_cond_t cond; /* broadcast when a blocking receive's request ends */
 };
 
 /* context.c */
 void tfab__ctx_lock(struct tfab_context *ctx);
-/* Drops the lock, then runs every callback that became due. */
+/* Drops the lock, then runs every callback that became due, unless another thread does. */
 void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
 

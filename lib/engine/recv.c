@@ -113,6 +113,17 @@ static void request_done(struct tfab_request *r, int status)
 	r->status = status;
 	tfab__list_del(&r->link);
 	index_free(ctx, r);
+	if (r->sync) {
+		/* The waiter takes the result here: it depends on no thread delivering callbacks. */
+		r->sync->status = status;
+		r->sync->tensor = r->out;
+		r->sync->strings = r->sout;
+		r->sync->is_dead = r->is_dead;
+		r->sync->done = true;
+		r->sync = NULL;
+		pthread_cond_broadcast(&ctx->cond);
+	}
+	/* Freed by tfab__ctx_unlock (after its callback, if it has one). */
 	tfab__list_add_tail(&ctx->done_reqs, &r->done_link);
 }
 
@@ -126,6 +137,8 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 		struct tfab_wire_msg m = {.type = TFAB_MSG_CANCEL, .req_index = r->index};
 
 		tfab__peer_send_msg(r->peer, &m);
+		if (r->state == TFAB_REQ_DONE)
+			return; /* the send failed the peer, and the peer this request */
 	}
 	/* The sender may already be writing: never hand this memory out again registered. */
 	dest_release(r, exposed && !r->peer->failed);
@@ -321,9 +334,14 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		tfab__request_fail(r, rc, true);
 }
 
+/*
+ * A DLPack receive (into dest, or the pool) or a string tensor's (strings), with cb or scb
+ * (and arg), or sync, the waiter of a blocking receive.
+ */
 static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
-		      int64_t step, DLTensor *dest, tfab_recv_cb cb, tfab_recv_strings_cb scb,
-		      void *arg, struct tfab_request **r_p)
+		      int64_t step, DLTensor *dest, bool strings, tfab_recv_cb cb,
+		      tfab_recv_strings_cb scb, void *arg, struct tfab_sync_wait *sync,
+		      struct tfab_request **r_p)
 {
 	struct tfab_meta_entry *e;
 	struct tfab_request *r;
@@ -332,7 +350,8 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	void *data;
 	int rc;
 
-	if (!ctx || !peer || !cb == !scb || (scb && dest) || peer->ctx != ctx)
+	if (!ctx || !peer || peer->ctx != ctx || !(cb || scb || sync) ||
+	    (strings ? cb || dest : scb != NULL))
 		return -EINVAL;
 	rc = tfab__check_key(key, &key_len);
 	if (rc)
@@ -359,8 +378,9 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	r->user_dest = dest;
 	r->cb = cb;
 	r->scb = scb;
-	r->strings = scb != NULL;
+	r->strings = strings;
 	r->arg = arg;
+	r->sync = sync;
 	r->state = TFAB_REQ_REQUESTED;
 	tfab__list_init(&r->link);
 	tfab__list_init(&r->done_link);
@@ -408,7 +428,7 @@ int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char
 	if (!ctx)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step, dest, cb, scb, arg, NULL);
+	rc = recv_start(ctx, peer, key, step, dest, scb != NULL, cb, scb, arg, NULL, NULL);
 	if (rc == 0)
 		tfab__peers_flush(ctx);
 	tfab__ctx_unlock(ctx);
@@ -423,84 +443,51 @@ int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 	return tfab__recv_post(ctx, peer, key, step_id, dest, cb, NULL, arg);
 }
 
-struct sync_wait {
-	int done; /* atomic */
-	int status;
-	DLManagedTensor *tensor;
-	struct tfab_string_tensor *strings;
-	bool is_dead;
-};
-
-static void sync_cb(void *arg, int status, DLManagedTensor *tensor, bool is_dead)
+/* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */
+static void cond_wait_until(struct tfab_context *ctx, uint64_t deadline)
 {
-	struct sync_wait *w = arg;
+	struct timespec ts = {.tv_sec = (time_t)(deadline / 1000),
+			      .tv_nsec = (long)(deadline % 1000) * 1000000};
 
-	w->status = status;
-	w->tensor = tensor;
-	w->is_dead = is_dead;
-	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
-}
-
-static void sync_strings_cb(void *arg, int status, struct tfab_string_tensor *t, bool is_dead)
-{
-	struct sync_wait *w = arg;
-
-	w->status = status;
-	w->strings = t;
-	w->is_dead = is_dead;
-	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
-}
-
-static bool sync_done(struct sync_wait *w)
-{
-	return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE) != 0;
-}
-
-/* Wait for w, driving progress unless the progress thread does; false at the deadline. */
-static bool sync_wait_until(struct tfab_context *ctx, struct sync_wait *w, uint64_t deadline)
-{
-	while (!sync_done(w) && tfab__now_ms() < deadline) {
-		if (ctx->thread_running) {
-			struct timespec ts = {0, 100000};
-
-			nanosleep(&ts, NULL);
-		} else {
-			tfab__ctx_lock(ctx);
-			tfab__progress_locked(ctx);
-			tfab__ctx_unlock(ctx);
-		}
-	}
-	return sync_done(w);
+	pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts); /* ctx->cond is on CLOCK_MONOTONIC */
 }
 
 int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
 		    DLTensor *dest, bool strings, int timeout_ms, DLManagedTensor **tensor_p,
 		    struct tfab_string_tensor **strings_p, bool *is_dead_p)
 {
-	struct sync_wait w = {0};
+	struct tfab_sync_wait w = {0};
 	struct tfab_request *r = NULL;
 	uint64_t deadline;
 	int rc;
 
 	if (!ctx || timeout_ms < 0)
 		return -EINVAL;
-	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step, dest, strings ? NULL : sync_cb,
-			strings ? sync_strings_cb : NULL, &w, &r);
-	if (rc == 0)
-		tfab__peers_flush(ctx);
-	tfab__ctx_unlock(ctx);
-	if (rc)
-		return rc;
 	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
-	if (!sync_wait_until(ctx, &w, deadline)) {
-		/* Give up: the callback still runs (with -ETIMEDOUT) before w goes away. */
-		tfab__ctx_lock(ctx);
-		if (!sync_done(&w) && r->state != TFAB_REQ_DONE)
-			tfab__request_fail(r, -ETIMEDOUT, true);
+	tfab__ctx_lock(ctx);
+	rc = recv_start(ctx, peer, key, step, dest, strings, NULL, NULL, NULL, &w, &r);
+	if (rc) {
 		tfab__ctx_unlock(ctx);
-		sync_wait_until(ctx, &w, UINT64_MAX);
+		return rc;
 	}
+	tfab__peers_flush(ctx);
+	/* w is written under the lock; r lives at least until w.done. */
+	while (!w.done) {
+		if (tfab__now_ms() >= deadline) {
+			tfab__request_fail(r, -ETIMEDOUT, true); /* sets w.done */
+			break;
+		}
+		/* In a callback on the progress thread, no other thread drives progress. */
+		if (ctx->thread_running && !pthread_equal(pthread_self(), ctx->progress_thread)) {
+			cond_wait_until(ctx, deadline);
+		} else {
+			tfab__progress_locked(ctx);
+			/* Let other threads in, and run the callbacks that became due. */
+			tfab__ctx_unlock(ctx);
+			tfab__ctx_lock(ctx);
+		}
+	}
+	tfab__ctx_unlock(ctx);
 	if (w.status == 0) {
 		if (tensor_p)
 			*tensor_p = w.tensor;

@@ -483,7 +483,13 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 {
 	struct step_filter f = {all, step};
 
+	struct tfab_hnode *doomed = NULL;
+
 	sends_for_each(ctx, of_step, &f, status);
+	/*
+	 * Out of the table first, answered after: a reply that fails its peer frees that peer's
+	 * parked requests, the walk's next one among them.
+	 */
 	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
 		struct tfab_hnode *n = ctx->parked.buckets[i], *next;
 
@@ -492,12 +498,19 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 			next = n->next;
 			if (all || p->step == step) {
-				reply_error(p->peer, p->req_index, status,
-					    "the sender cleaned up or aborted the step");
 				tfab__htable_remove(&ctx->parked, n);
-				free(p);
+				n->next = doomed;
+				doomed = n;
 			}
 		}
+	}
+	while (doomed) {
+		struct tfab_response *p = tfab_container_of(doomed, struct tfab_response, node);
+
+		doomed = doomed->next;
+		reply_error(p->peer, p->req_index, status,
+			    "the sender cleaned up or aborted the step");
+		free(p);
 	}
 }
 

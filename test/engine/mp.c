@@ -49,17 +49,24 @@ int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms)
 	return *flag;
 }
 
+/* sent and received are counted last, with release, and read with acquire. */
 struct barrier_state {
-	volatile int sent, received, failed;
+	int sent, received, failed;
 };
+
+static int barrier_count(struct barrier_state *b)
+{
+	return __atomic_load_n(&b->sent, __ATOMIC_ACQUIRE) +
+	       __atomic_load_n(&b->received, __ATOMIC_ACQUIRE);
+}
 
 static void barrier_sent(void *arg, int status)
 {
 	struct barrier_state *b = arg;
 
-	b->sent++;
 	if (status)
 		b->failed = 1;
+	__atomic_fetch_add(&b->sent, 1, __ATOMIC_RELEASE);
 }
 
 static void barrier_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
@@ -69,9 +76,9 @@ static void barrier_recv(void *arg, int status, DLManagedTensor *t, bool is_dead
 	(void)is_dead;
 	if (t)
 		t->deleter(t);
-	b->received++;
 	if (status)
 		b->failed = 1;
+	__atomic_fetch_add(&b->received, 1, __ATOMIC_RELEASE);
 }
 
 int mp_barrier(struct mp *mp, int64_t tag)
@@ -83,25 +90,41 @@ int mp_barrier(struct mp *mp, int64_t tag)
 		      .ndim = 1,
 		      .dtype = {kDLInt, 32, 1},
 		      .shape = &shape};
-	struct barrier_state b = {0};
+	/*
+	 * On the heap: a barrier that gives up (a peer never came) leaves its operations
+	 * pending, and their callbacks run later (at the latest when the peers are destroyed).
+	 * The state is then left to them rather than freed.
+	 */
+	struct barrier_state *b = calloc(1, sizeof(*b));
 	uint64_t deadline = now_ms() + SETUP_MS;
-	int want = mp->nranks - 1;
+	int want = mp->nranks - 1, posted = 0, rc;
 
+	if (!b)
+		return 1;
 	for (int r = 0; r < mp->nranks; r++) {
 		char key[64];
 
 		if (r == mp->rank)
 			continue;
 		snprintf(key, sizeof(key), "mp/barrier/%d/%d", mp->rank, r);
-		if (tfab_send(mp->ctx, key, tag, &t, false, barrier_sent, &b))
-			return 1;
+		if (tfab_send(mp->ctx, key, tag, &t, false, barrier_sent, b))
+			break;
+		posted++;
 		snprintf(key, sizeof(key), "mp/barrier/%d/%d", r, mp->rank);
-		if (tfab_recv(mp->ctx, mp->peers[r], key, tag, NULL, barrier_recv, &b))
-			return 1;
+		if (tfab_recv(mp->ctx, mp->peers[r], key, tag, NULL, barrier_recv, b))
+			break;
+		posted++;
 	}
-	while ((b.sent < want || b.received < want) && now_ms() < deadline)
+	while (barrier_count(b) < posted && now_ms() < deadline)
 		tfab_progress(mp->ctx);
-	return b.sent == want && b.received == want && !b.failed ? 0 : 1;
+	if (barrier_count(b) < posted) {
+		fprintf(stderr, "rank %d: barrier %lld: %d of %d operations done after %d ms\n",
+			mp->rank, (long long)tag, barrier_count(b), posted, SETUP_MS);
+		return 1;
+	}
+	rc = posted == 2 * want && !b->failed ? 0 : 1;
+	free(b);
+	return rc;
 }
 
 static int write_file(int rank, const char *what, unsigned value)

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,9 +75,9 @@ static void tensor_free(struct tensor *t)
 	t->buf = NULL;
 }
 
-/* Completion records. */
+/* Completion records: n is written last, with release, and read with acquire. */
 struct done {
-	volatile int n;
+	int n;
 	volatile int errors;
 	int last_status;
 	DLManagedTensor *tensor;
@@ -91,7 +92,7 @@ static void on_sent(void *arg, int status)
 		d->errors++;
 		d->last_status = status;
 	}
-	d->n++;
+	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
 }
 
 static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
@@ -106,7 +107,12 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 		d->tensor->deleter(d->tensor);
 	d->tensor = t;
 	d->is_dead = is_dead;
-	d->n++;
+	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
+}
+
+static int done_n(struct done *d)
+{
+	return __atomic_load_n(&d->n, __ATOMIC_ACQUIRE);
 }
 
 static int wait_n(struct mp *mp, struct done *d, int n)
@@ -114,13 +120,13 @@ static int wait_n(struct mp *mp, struct done *d, int n)
 	uint64_t spins = 0;
 
 	(void)spins;
-	for (int i = 0; i < WAIT_MS && d->n < n; i++) {
-		for (int k = 0; k < 1000 && d->n < n; k++)
+	for (int i = 0; i < WAIT_MS && done_n(d) < n; i++) {
+		for (int k = 0; k < 1000 && done_n(d) < n; k++)
 			tfab_progress(mp->ctx);
-		if (d->n < n)
+		if (done_n(d) < n)
 			usleep(i < 10 ? 0 : 100);
 	}
-	return d->n >= n;
+	return done_n(d) >= n;
 }
 
 static const DLDataType f32 = {kDLFloat, 32, 1};
@@ -450,7 +456,7 @@ static void *send_thread(void *p)
 		if (tfab_send(a->mp->ctx, key, 9, &t, false, on_sent, &d))
 			a->failed = 1;
 	}
-	while (d.n < a->n)
+	while (done_n(&d) < a->n)
 		tfab_progress(a->mp->ctx);
 	a->failed |= d.errors != 0;
 	free(vals);
@@ -468,10 +474,299 @@ static int sc_threads(struct mp *mp)
 		CHECK(pthread_create(&th[i], NULL, mp->rank ? send_thread : recv_thread, &a[i]) ==
 		      0);
 	}
-	for (int i = 0; i < 4; i++) {
+	/* every thread joined before any check: they use a[] and the context */
+	for (int i = 0; i < 4; i++)
 		pthread_join(th[i], NULL);
+	for (int i = 0; i < 4; i++)
 		CHECK(!a[i].failed);
+	return 0;
+}
+
+static uint64_t ms_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+enum { SERIAL_OPS = 1000, SERIAL_DRIVERS = 3 };
+
+struct serial {
+	struct mp *mp;
+	int posted;
+	int inside;   /* atomic: a callback is running */
+	int overlaps; /* atomic: callbacks that found another one running */
+	int finished; /* atomic: callbacks run, for the drivers */
+	int count;    /* plain: callbacks never run at once */
+	int errors;
+};
+
+static void serial_done(struct serial *s, int status)
+{
+	if (__atomic_exchange_n(&s->inside, 1, __ATOMIC_ACQUIRE))
+		__atomic_fetch_add(&s->overlaps, 1, __ATOMIC_RELAXED);
+	/* let the other threads run: the window a callback run at the same time would hit */
+	sched_yield();
+	s->count++;
+	s->errors += status != 0;
+	__atomic_store_n(&s->inside, 0, __ATOMIC_RELEASE);
+	__atomic_fetch_add(&s->finished, 1, __ATOMIC_RELEASE); /* the last touch of s */
+}
+
+static void serial_sent(void *arg, int status)
+{
+	serial_done(arg, status);
+}
+
+static void serial_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
+{
+	(void)is_dead;
+	if (t)
+		t->deleter(t);
+	serial_done(arg, status || !t);
+}
+
+static void *serial_driver(void *p)
+{
+	struct serial *s = p;
+	uint64_t deadline = ms_now() + WAIT_MS;
+
+	while (__atomic_load_n(&s->finished, __ATOMIC_ACQUIRE) < s->posted && ms_now() < deadline)
+		tfab_progress(s->mp->ctx);
+	return NULL;
+}
+
+/*
+ * A context's callbacks never run at the same time, whichever threads drive progress: three
+ * threads (and the progress thread, when on) drive it while 1,000 sends (rank 1) or receives
+ * (rank 0) complete. Each callback checks that no other one is running, and counts with a
+ * plain increment. A blocking receive that gives up says so.
+ */
+static int sc_callbacks_serial(struct mp *mp)
+{
+	struct serial *s = calloc(1, sizeof(*s));
+	int32_t *vals = calloc(SERIAL_OPS, sizeof(*vals));
+	pthread_t th[SERIAL_DRIVERS];
+	int64_t one = 1;
+	char key[32];
+	int rc = 0;
+
+	CHECK(s && vals);
+	s->mp = mp;
+	if (mp->rank == 0) {
+		DLManagedTensor *m = NULL;
+
+		CHECK_RC(
+		    tfab_recv_sync(mp->ctx, mp->peers[1], "serial/never", 12, NULL, 200, &m, NULL),
+		    -ETIMEDOUT);
+		CHECK(m == NULL);
 	}
+	for (int i = 0; i < SERIAL_OPS && rc == 0; i++) {
+		DLTensor t = {.data = &vals[i],
+			      .device = {kDLCPU, 0},
+			      .ndim = 1,
+			      .dtype = {kDLInt, 32, 1},
+			      .shape = &one};
+
+		snprintf(key, sizeof(key), "serial/%d", i);
+		vals[i] = i;
+		if (mp->rank == 1)
+			rc = tfab_send(mp->ctx, key, 12, &t, false, serial_sent, s);
+		else
+			rc = tfab_recv(mp->ctx, mp->peers[1], key, 12, NULL, serial_recv, s);
+		if (rc == 0)
+			s->posted++;
+	}
+	for (int i = 0; i < SERIAL_DRIVERS; i++)
+		CHECK(pthread_create(&th[i], NULL, serial_driver, s) == 0);
+	for (int i = 0; i < SERIAL_DRIVERS; i++)
+		pthread_join(th[i], NULL);
+	CHECK_RC(rc, 0);
+	/* s and vals stay allocated while callbacks may still come */
+	CHECK(__atomic_load_n(&s->finished, __ATOMIC_ACQUIRE) == SERIAL_OPS);
+	CHECK(s->overlaps == 0);
+	CHECK(s->count == SERIAL_OPS && s->errors == 0);
+	free(s);
+	free(vals);
+	return 0;
+}
+
+struct nested {
+	struct mp *mp;
+	int rc;
+	int32_t value;
+	int done; /* atomic */
+};
+
+static void nested_cb(void *arg, int status, DLManagedTensor *t, bool is_dead)
+{
+	struct nested *n = arg;
+	DLManagedTensor *m = NULL;
+
+	(void)is_dead;
+	if (t)
+		t->deleter(t);
+	n->rc =
+	    tfab_recv_sync(n->mp->ctx, n->mp->peers[1], "nested/inner", 13, NULL, 5000, &m, NULL);
+	if (status && n->rc == 0)
+		n->rc = status;
+	if (m) {
+		n->value = *(int32_t *)m->dl_tensor.data;
+		m->deleter(m);
+	}
+	__atomic_store_n(&n->done, 1, __ATOMIC_RELEASE); /* the last touch of n */
+}
+
+/*
+ * A callback that calls a blocking receive: it completes wherever the callback runs, on the
+ * progress thread too (which then drives progress itself).
+ */
+static int sc_callback_recv_sync(struct mp *mp)
+{
+	static int32_t vals[2] = {7, 8};
+	int64_t one = 1;
+	DLTensor t[2] = {
+	    {.data = &vals[0],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	    {.data = &vals[1],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	};
+
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		CHECK_RC(tfab_send(mp->ctx, "nested/outer", 13, &t[0], false, on_sent, &d), 0);
+		CHECK_RC(tfab_send(mp->ctx, "nested/inner", 13, &t[1], false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 2));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	struct nested *n = calloc(1, sizeof(*n));
+	uint64_t deadline = ms_now() + WAIT_MS;
+
+	CHECK(n);
+	n->mp = mp;
+	CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "nested/outer", 13, NULL, nested_cb, n), 0);
+	/* With the progress thread, leave the callback to it. */
+	while (!__atomic_load_n(&n->done, __ATOMIC_ACQUIRE) && ms_now() < deadline) {
+		if (mp->ctx->thread_running)
+			usleep(1000);
+		else
+			tfab_progress(mp->ctx);
+	}
+	CHECK(__atomic_load_n(&n->done, __ATOMIC_ACQUIRE)); /* else n is left to the callback */
+	CHECK_RC(n->rc, 0);
+	CHECK(n->value == 8);
+	free(n);
+	return 0;
+}
+
+/*
+ * Destroying a context while the application holds one of its tensors: -EBUSY, and nothing
+ * done (the progress thread, when on, still runs: the next receive completes).
+ */
+static int sc_destroy_busy(struct mp *mp)
+{
+	static int32_t vals[2] = {5, 6};
+	int64_t one = 1;
+	DLTensor t[2] = {
+	    {.data = &vals[0],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	    {.data = &vals[1],
+	     .device = {kDLCPU, 0},
+	     .ndim = 1,
+	     .dtype = {kDLInt, 32, 1},
+	     .shape = &one},
+	};
+	DLManagedTensor *m = NULL, *m2 = NULL;
+
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		CHECK_RC(tfab_send(mp->ctx, "busy/1", 14, &t[0], false, on_sent, &d), 0);
+		CHECK_RC(tfab_send(mp->ctx, "busy/2", 14, &t[1], false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 2));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	CHECK_RC(recv_one(mp, 1, "busy/1", 14, &m, NULL), 0);
+	CHECK_RC(tfab_context_destroy(mp->ctx), -EBUSY);
+	CHECK_RC(recv_one(mp, 1, "busy/2", 14, &m2, NULL), 0);
+	CHECK(*(int32_t *)m->dl_tensor.data == 5 && *(int32_t *)m2->dl_tensor.data == 6);
+	m->deleter(m);
+	m2->deleter(m2);
+	return 0;
+}
+
+/* Provider operations whose control messages (not credits) fail at once, as to a peer gone. */
+static struct tfab_provider_ops failing_ops;
+static const struct tfab_provider_ops *real_ops;
+
+static int failing_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
+			     size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
+			     uint32_t imm, unsigned flags, void *ctx)
+{
+	if (tfab__imm_is_ctrl(imm) && !tfab__imm_is_credit(imm))
+		return -TFAB_ERR_PEER_FAILED;
+	return real_ops->write_imm(ep, peer, lbuf, len, lmr, raddr, rkey, imm, flags, ctx);
+}
+
+/* Swap the context's provider operations under the lock (the progress thread uses them). */
+static void set_ops(struct tfab_context *ctx, const struct tfab_provider_ops *ops)
+{
+	tfab__ctx_lock(ctx);
+	ctx->ops = ops;
+	tfab__ctx_unlock(ctx);
+}
+
+/*
+ * A step cleanup whose first message (a receive's cancel; on the sender, a parked request's
+ * error reply) fails the peer, and with it the rest of what the cleanup walks: every receive
+ * still ends once, and the walk survives the requests it has not reached yet ending under it.
+ */
+static int sc_cleanup_fails_peer(struct mp *mp)
+{
+	struct done d = {0};
+	uint64_t deadline = ms_now() + WAIT_MS;
+	int other = mp->rank ? 0 : 1;
+	size_t parked = 0;
+	char key[32];
+
+	real_ops = mp->ctx->ops;
+	failing_ops = *real_ops;
+	failing_ops.write_imm = failing_write_imm;
+	/* Rank 0 receives what rank 1 never sends: parked there, pending here. */
+	for (int i = 0; i < 4 && mp->rank == 0; i++) {
+		snprintf(key, sizeof(key), "doomed/%d", i);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], key, 21, NULL, on_recv, &d), 0);
+	}
+	CHECK(mp_barrier(mp, 21) == 0);
+	while (mp->rank == 1 && parked < 4 && ms_now() < deadline) {
+		tfab_progress(mp->ctx);
+		tfab__ctx_lock(mp->ctx);
+		parked = mp->ctx->parked.count;
+		tfab__ctx_unlock(mp->ctx);
+	}
+	CHECK(mp->rank == 0 || parked == 4);
+	set_ops(mp->ctx, &failing_ops);
+	CHECK_RC(tfab_step_cleanup(mp->ctx, 21), 0);
+	set_ops(mp->ctx, real_ops);
+	if (mp->rank == 0) {
+		CHECK(wait_n(mp, &d, 4));
+		CHECK(d.n == 4 && d.errors == 4);
+	}
+	CHECK_RC(tfab_recv(mp->ctx, mp->peers[other], "after", 1, NULL, on_recv, &d),
+		 -TFAB_ERR_PEER_FAILED);
 	return 0;
 }
 
@@ -822,6 +1117,10 @@ static const struct mp_scenario scenarios[] = {
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
     {.name = "threads", .nranks = 2, .fn = sc_threads},
+    {.name = "callbacks_serial", .nranks = 2, .fn = sc_callbacks_serial},
+    {.name = "callback_recv_sync", .nranks = 2, .fn = sc_callback_recv_sync},
+    {.name = "destroy_busy", .nranks = 2, .fn = sc_destroy_busy},
+    {.name = "cleanup_fails_peer", .nranks = 2, .fn = sc_cleanup_fails_peer, .no_barrier = true},
     {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
