@@ -251,10 +251,21 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 	return 0;
 }
 
-/* The TCP bootstrap: swap blobs over a connected socket, keep it to watch the peer. */
+/*
+ * The TCP bootstrap: swap blobs over a connected socket, then a "connected" message each way,
+ * and keep the socket to watch the peer.
+ *
+ * The second exchange means that neither side leaves the bootstrap (and so neither can close
+ * its endpoint) before the other has connected to it. libfabric 1.17's shm maps a peer's
+ * region when its address is inserted; a peer whose region is already gone by then (it
+ * connected to us, wrote to us, and closed its endpoint while we were still inserting it)
+ * is kept unmapped without an error, and its first write's connection request then crashes
+ * our fi_cq_read (smr_progress_connreq reads the region through a NULL pointer).
+ */
 static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tfab_peer **peer_p)
 {
 	uint8_t mine[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR], theirs[sizeof(mine)];
+	static const uint8_t connected = 'C';
 	size_t mlen = sizeof(mine);
 	uint32_t tlen;
 	struct tfab_peer *peer = NULL;
@@ -269,9 +280,18 @@ static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tf
 		rc = tfab__sock_send_msg(fd, mine, (uint32_t)mlen, timeout_ms);
 	if (rc == 0)
 		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
-	tfab__ctx_lock(ctx);
-	if (rc == 0)
+	if (rc == 0) {
+		tfab__ctx_lock(ctx);
 		rc = peer_connect(peer, theirs, tlen);
+		tfab__ctx_unlock(ctx);
+	}
+	if (rc == 0)
+		rc = tfab__sock_send_msg(fd, &connected, 1, timeout_ms);
+	if (rc == 0)
+		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
+	if (rc == 0 && (tlen != 1 || theirs[0] != connected))
+		rc = -TFAB_ERR_PROTOCOL;
+	tfab__ctx_lock(ctx);
 	if (rc) {
 		if (peer)
 			tfab__peer_free(peer);
