@@ -570,6 +570,28 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 	}
 }
 
+/* Nothing is sent on the bootstrap connection after the bootstrap: readable means closed. */
+static bool bootstrap_closed(struct tfab_peer *peer)
+{
+	struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
+	char c;
+
+	if (peer->sock < 0)
+		return false;
+	if (peer->closed_at_ms)
+		return true;
+	return poll(&pfd, 1, 0) > 0 && recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0;
+}
+
+int tfab__peer_write_status(struct tfab_peer *peer, int status)
+{
+	/* sockets reports a write into a connection that the peer closed as an I/O error. */
+	if ((status == -TFAB_ERR_FABRIC || status == -TFAB_ERR_REMOTE_ACCESS) &&
+	    bootstrap_closed(peer))
+		return -TFAB_ERR_PEER_FAILED;
+	return status;
+}
+
 void tfab__peer_fail(struct tfab_peer *peer, int status)
 {
 	struct tfab_context *ctx = peer->ctx;
@@ -577,6 +599,7 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 
 	if (peer->failed)
 		return;
+	status = tfab__peer_write_status(peer, status);
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
 	if (status != -TFAB_ERR_ABORTED)
 		TFAB_WARN(SUBSYS, "peer %u failed: %s", peer->id, tfab_strerror(status));
@@ -606,8 +629,6 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 	tfab_list_for_each_safe(l, t, &ctx->peers)
 	{
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
-		struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
-		char c;
 
 		if (peer->sock < 0 || peer->failed)
 			continue;
@@ -619,8 +640,7 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 			}
 			continue;
 		}
-		/* Nothing is sent on it after the bootstrap: readable means closed. */
-		if (poll(&pfd, 1, 0) > 0 && recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0)
+		if (bootstrap_closed(peer))
 			peer->closed_at_ms = now;
 	}
 }

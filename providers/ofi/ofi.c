@@ -666,6 +666,18 @@ static int tfab_ofi_mr_dereg(struct tfab_mr *mr)
 	return 0;
 }
 
+/* A refused post as a status: logged, and a gone peer as -TFAB_ERR_PEER_FAILED. */
+static int post_error(ssize_t rc, const char *call, size_t len)
+{
+	if (rc == -FI_EAGAIN)
+		return -EAGAIN;
+	TFAB_ERROR(SUBSYS, "%s(%zu bytes): %s", call, len, fi_strerror((int)-rc));
+	/* sockets refuses posts to a peer whose connection is gone with -FI_ENOENT. */
+	if (rc == -FI_ENOENT || ofi_peer_lost((int)-rc))
+		return -TFAB_ERR_PEER_FAILED;
+	return ofi_err((int)rc);
+}
+
 static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
 			      size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
 			      uint32_t imm, unsigned flags, void *ctx)
@@ -684,12 +696,7 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 		if (!ep->inject_ctx) {
 			rc =
 			    fi_inject_writedata(ep->ep, lbuf, len, imm, peer->fi_addr, raddr, rkey);
-			if (rc == -FI_EAGAIN)
-				return -EAGAIN;
-			if (rc)
-				TFAB_ERROR(SUBSYS, "fi_inject_writedata: %s",
-					   fi_strerror((int)-rc));
-			return rc ? ofi_err((int)rc) : 0;
+			return rc ? post_error(rc, "fi_inject_writedata", len) : 0;
 		}
 	}
 	op = op_get(ep);
@@ -716,14 +723,7 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 	}
 	if (rc) {
 		op_put(ep, op);
-		if (rc == -FI_EAGAIN)
-			return -EAGAIN;
-		TFAB_ERROR(SUBSYS, "%s(%zu bytes): %s", inject ? "fi_writemsg" : "fi_writedata",
-			   len, fi_strerror((int)-rc));
-		/* sockets refuses posts to a peer whose connection is gone with -FI_ENOENT. */
-		if (rc == -FI_ENOENT || ofi_peer_lost((int)-rc))
-			return -TFAB_ERR_PEER_FAILED;
-		return ofi_err((int)rc);
+		return post_error(rc, inject ? "fi_writemsg" : "fi_writedata", len);
 	}
 	peer->inflight++;
 	return 0;
