@@ -73,6 +73,17 @@ struct tfab_ep {
 	struct fi_cq_data_entry *cqe;
 	int npeers, nmrs;
 	struct tfab_conn *zombies; /* disconnected with writes still in flight */
+	/*
+	 * shm only: disconnected peers whose addresses stay in the AV until the endpoint closes.
+	 * libfabric 1.17's shm unmaps a removed peer's region and forgets its name; a connection
+	 * request from that peer still unread in our queue (its first write to us, sent before
+	 * we disconnected) then maps the region again by name, and if the peer has closed its
+	 * endpoint meanwhile, the mapping fails silently and smr_progress_connreq dereferences
+	 * NULL inside our fi_cq_read. Kept, the address finds the old mapping, which outlives the
+	 * peer. Purged only when the AV is full (shm takes 256 peers).
+	 */
+	bool keep_addrs;
+	struct tfab_conn *retired;
 	size_t addrlen;
 	char addr[TFAB_OFI_MAX_ADDR];
 	char errmsg[256];
@@ -94,7 +105,7 @@ struct tfab_conn {
 	 */
 	unsigned inflight;
 	bool closing;
-	struct tfab_conn *zombie_next;
+	struct tfab_conn *zombie_next; /* on ep->zombies or ep->retired */
 };
 
 /* The process of an shm address ("fi_shm://PID:..."), or 0. */
@@ -420,6 +431,12 @@ static int tfab_ofi_close(struct tfab_ep *ep)
 		ep->zombies = z->zombie_next;
 		free(z);
 	}
+	while (ep->retired) {
+		struct tfab_conn *r = ep->retired;
+
+		ep->retired = r->zombie_next;
+		free(r);
+	}
 	while (ep->chunks) {
 		struct tfab_ofi_chunk *c = ep->chunks;
 
@@ -470,6 +487,7 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->mr_mode = fi->domain_attr->mr_mode;
 	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
 	ep->inject_ctx = strstr(fi->fabric_attr->prov_name, "ofi_rxm") != NULL;
+	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
 	ep->next_key = 1;
 	ep->poll_batch = cfg->ofi_poll_batch;
 	ep->cqe = calloc(ep->poll_batch, sizeof(*ep->cqe));
@@ -535,6 +553,22 @@ static int tfab_ofi_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
 	return 0;
 }
 
+/* Removes the retired addresses (see keep_addrs), to make room in a full AV. */
+static void purge_retired(struct tfab_ep *ep)
+{
+	int n = 0;
+
+	while (ep->retired) {
+		struct tfab_conn *r = ep->retired;
+
+		ep->retired = r->zombie_next;
+		fi_av_remove(ep->av, &r->fi_addr, 1, 0);
+		free(r);
+		n++;
+	}
+	TFAB_INFO(SUBSYS, "address vector full: removed %d addresses of disconnected peers", n);
+}
+
 static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 			    struct tfab_conn **peer_p)
 {
@@ -547,6 +581,10 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	if (!peer)
 		return -ENOMEM;
 	rc = fi_av_insert(ep->av, addr, 1, &peer->fi_addr, 0, NULL);
+	if (rc != 1 && ep->retired) {
+		purge_retired(ep);
+		rc = fi_av_insert(ep->av, addr, 1, &peer->fi_addr, 0, NULL);
+	}
 	if (rc != 1) {
 		TFAB_ERROR(SUBSYS, "fi_av_insert: %s", rc < 0 ? fi_strerror(-rc) : "bad address");
 		free(peer);
@@ -559,9 +597,17 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	return 0;
 }
 
+/* A disconnected connection with nothing in flight: its address leaves the AV, or retires. */
 static void conn_release(struct tfab_conn *conn)
 {
-	fi_av_remove(conn->ep->av, &conn->fi_addr, 1, 0);
+	struct tfab_ep *ep = conn->ep;
+
+	if (ep->keep_addrs) {
+		conn->zombie_next = ep->retired;
+		ep->retired = conn;
+		return;
+	}
+	fi_av_remove(ep->av, &conn->fi_addr, 1, 0);
 	free(conn);
 }
 
