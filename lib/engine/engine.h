@@ -230,6 +230,11 @@ int tfab__progress_locked(struct tfab_context *ctx);
 /* peer.c */
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__peer_fail(struct tfab_peer *peer, int status);
+/*
+ * The status to report for a failed write to the peer: -TFAB_ERR_PEER_FAILED for a fabric
+ * error once the peer's bootstrap connection has closed (the peer has left), else status.
+ */
+int tfab__peer_write_status(struct tfab_peer *peer, int status);
 void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
 void tfab__peers_flush(struct tfab_context *ctx);

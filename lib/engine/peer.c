@@ -251,10 +251,21 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 	return 0;
 }
 
-/* The TCP bootstrap: swap blobs over a connected socket, keep it to watch the peer. */
+/*
+ * The TCP bootstrap: swap blobs over a connected socket, then a "connected" message each way,
+ * and keep the socket to watch the peer.
+ *
+ * The second exchange means that neither side leaves the bootstrap (and so neither can close
+ * its endpoint) before the other has connected to it. libfabric 1.17's shm maps a peer's
+ * region when its address is inserted; a peer whose region is already gone by then (it
+ * connected to us, wrote to us, and closed its endpoint while we were still inserting it)
+ * is kept unmapped without an error, and its first write's connection request then crashes
+ * our fi_cq_read (smr_progress_connreq reads the region through a NULL pointer).
+ */
 static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tfab_peer **peer_p)
 {
 	uint8_t mine[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR], theirs[sizeof(mine)];
+	static const uint8_t connected = 'C';
 	size_t mlen = sizeof(mine);
 	uint32_t tlen;
 	struct tfab_peer *peer = NULL;
@@ -269,9 +280,18 @@ static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tf
 		rc = tfab__sock_send_msg(fd, mine, (uint32_t)mlen, timeout_ms);
 	if (rc == 0)
 		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
-	tfab__ctx_lock(ctx);
-	if (rc == 0)
+	if (rc == 0) {
+		tfab__ctx_lock(ctx);
 		rc = peer_connect(peer, theirs, tlen);
+		tfab__ctx_unlock(ctx);
+	}
+	if (rc == 0)
+		rc = tfab__sock_send_msg(fd, &connected, 1, timeout_ms);
+	if (rc == 0)
+		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
+	if (rc == 0 && (tlen != 1 || theirs[0] != connected))
+		rc = -TFAB_ERR_PROTOCOL;
+	tfab__ctx_lock(ctx);
 	if (rc) {
 		if (peer)
 			tfab__peer_free(peer);
@@ -556,6 +576,28 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 	}
 }
 
+/* Nothing is sent on the bootstrap connection after the bootstrap: readable means closed. */
+static bool bootstrap_closed(struct tfab_peer *peer)
+{
+	struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
+	char c;
+
+	if (peer->sock < 0)
+		return false;
+	if (peer->closed_at_ms)
+		return true;
+	return poll(&pfd, 1, 0) > 0 && recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0;
+}
+
+int tfab__peer_write_status(struct tfab_peer *peer, int status)
+{
+	/* sockets reports a write into a connection that the peer closed as an I/O error. */
+	if ((status == -TFAB_ERR_FABRIC || status == -TFAB_ERR_REMOTE_ACCESS) &&
+	    bootstrap_closed(peer))
+		return -TFAB_ERR_PEER_FAILED;
+	return status;
+}
+
 void tfab__peer_fail(struct tfab_peer *peer, int status)
 {
 	struct tfab_context *ctx = peer->ctx;
@@ -563,6 +605,7 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 
 	if (peer->failed)
 		return;
+	status = tfab__peer_write_status(peer, status);
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
 	if (status != -TFAB_ERR_ABORTED)
 		TFAB_WARN(SUBSYS, "peer %u failed: %s", peer->id, tfab_strerror(status));
@@ -592,8 +635,6 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 	tfab_list_for_each_safe(l, t, &ctx->peers)
 	{
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
-		struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
-		char c;
 
 		if (peer->sock < 0 || peer->failed)
 			continue;
@@ -605,8 +646,7 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 			}
 			continue;
 		}
-		/* Nothing is sent on it after the bootstrap: readable means closed. */
-		if (poll(&pfd, 1, 0) > 0 && recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0)
+		if (bootstrap_closed(peer))
 			peer->closed_at_ms = now;
 	}
 }

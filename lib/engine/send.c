@@ -393,6 +393,7 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 		}
 	}
 	if (status) {
+		status = tfab__peer_write_status(peer, status);
 		TFAB_WARN(SUBSYS, "writing '%s' step %lld failed: %s", s->key, (long long)s->step,
 			  tfab_strerror(status));
 		reply_error(peer, s->resp.req_index, status, "the content write failed");

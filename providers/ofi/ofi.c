@@ -29,14 +29,15 @@
 #define TFAB_OFI_MAX_ADDR 256
 #define TFAB_OFI_OP_CHUNK 256
 
-enum tfab_ofi_op_kind { TFAB_OFI_OP_WRITE = 1, TFAB_OFI_OP_RX };
+/* INJECT: an injected write posted with a context (see inject_ctx); it reports nothing. */
+enum tfab_ofi_op_kind { TFAB_OFI_OP_WRITE = 1, TFAB_OFI_OP_INJECT, TFAB_OFI_OP_RX };
 
 /* Per-operation context; fi_context2 first, as the FI_CONTEXT modes require. */
 struct tfab_ofi_op {
 	struct fi_context2 fictx;
 	enum tfab_ofi_op_kind kind;
 	void *ctx;
-	struct tfab_conn *conn; /* writes: the connection it goes to */
+	struct tfab_conn *conn; /* writes and injects: the connection it goes to */
 	struct tfab_ofi_op *next;
 };
 
@@ -56,6 +57,15 @@ struct tfab_ep {
 	uint64_t mr_mode;
 	uint64_t next_key;
 	bool rx_cq_data;
+	/*
+	 * Injected writes go as fi_writemsg(FI_INJECT) with a context rather than as
+	 * fi_inject_writedata. libfabric 1.17's rxm (tcp;ofi_rxm) passes a context-less inject
+	 * straight to its tcp endpoint, which reports a failed one (the peer closed: EPIPE) as
+	 * an error completion with a NULL context; rxm_handle_comp_error then reads the
+	 * protocol state through that NULL pointer and the process dies inside fi_cq_read.
+	 * With a context, rxm sends it from a buffer of its own and reports errors with ours.
+	 */
+	bool inject_ctx;
 	unsigned rx_depth, rx_posted;
 	struct tfab_ofi_op *free_ops;
 	struct tfab_ofi_chunk *chunks;
@@ -63,6 +73,17 @@ struct tfab_ep {
 	struct fi_cq_data_entry *cqe;
 	int npeers, nmrs;
 	struct tfab_conn *zombies; /* disconnected with writes still in flight */
+	/*
+	 * shm only: disconnected peers whose addresses stay in the AV until the endpoint closes.
+	 * libfabric 1.17's shm unmaps a removed peer's region and forgets its name; a connection
+	 * request from that peer still unread in our queue (its first write to us, sent before
+	 * we disconnected) then maps the region again by name, and if the peer has closed its
+	 * endpoint meanwhile, the mapping fails silently and smr_progress_connreq dereferences
+	 * NULL inside our fi_cq_read. Kept, the address finds the old mapping, which outlives the
+	 * peer. Purged only when the AV is full (shm takes 256 peers).
+	 */
+	bool keep_addrs;
+	struct tfab_conn *retired;
 	size_t addrlen;
 	char addr[TFAB_OFI_MAX_ADDR];
 	char errmsg[256];
@@ -84,7 +105,7 @@ struct tfab_conn {
 	 */
 	unsigned inflight;
 	bool closing;
-	struct tfab_conn *zombie_next;
+	struct tfab_conn *zombie_next; /* on ep->zombies or ep->retired */
 };
 
 /* The process of an shm address ("fi_shm://PID:..."), or 0. */
@@ -410,6 +431,12 @@ static int tfab_ofi_close(struct tfab_ep *ep)
 		ep->zombies = z->zombie_next;
 		free(z);
 	}
+	while (ep->retired) {
+		struct tfab_conn *r = ep->retired;
+
+		ep->retired = r->zombie_next;
+		free(r);
+	}
 	while (ep->chunks) {
 		struct tfab_ofi_chunk *c = ep->chunks;
 
@@ -459,6 +486,8 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	fi = ep->info;
 	ep->mr_mode = fi->domain_attr->mr_mode;
 	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
+	ep->inject_ctx = strstr(fi->fabric_attr->prov_name, "ofi_rxm") != NULL;
+	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
 	ep->next_key = 1;
 	ep->poll_batch = cfg->ofi_poll_batch;
 	ep->cqe = calloc(ep->poll_batch, sizeof(*ep->cqe));
@@ -524,6 +553,22 @@ static int tfab_ofi_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
 	return 0;
 }
 
+/* Removes the retired addresses (see keep_addrs), to make room in a full AV. */
+static void purge_retired(struct tfab_ep *ep)
+{
+	int n = 0;
+
+	while (ep->retired) {
+		struct tfab_conn *r = ep->retired;
+
+		ep->retired = r->zombie_next;
+		fi_av_remove(ep->av, &r->fi_addr, 1, 0);
+		free(r);
+		n++;
+	}
+	TFAB_INFO(SUBSYS, "address vector full: removed %d addresses of disconnected peers", n);
+}
+
 static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 			    struct tfab_conn **peer_p)
 {
@@ -536,6 +581,10 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	if (!peer)
 		return -ENOMEM;
 	rc = fi_av_insert(ep->av, addr, 1, &peer->fi_addr, 0, NULL);
+	if (rc != 1 && ep->retired) {
+		purge_retired(ep);
+		rc = fi_av_insert(ep->av, addr, 1, &peer->fi_addr, 0, NULL);
+	}
 	if (rc != 1) {
 		TFAB_ERROR(SUBSYS, "fi_av_insert: %s", rc < 0 ? fi_strerror(-rc) : "bad address");
 		free(peer);
@@ -548,9 +597,17 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	return 0;
 }
 
+/* A disconnected connection with nothing in flight: its address leaves the AV, or retires. */
 static void conn_release(struct tfab_conn *conn)
 {
-	fi_av_remove(conn->ep->av, &conn->fi_addr, 1, 0);
+	struct tfab_ep *ep = conn->ep;
+
+	if (ep->keep_addrs) {
+		conn->zombie_next = ep->retired;
+		ep->retired = conn;
+		return;
+	}
+	fi_av_remove(ep->av, &conn->fi_addr, 1, 0);
 	free(conn);
 }
 
@@ -655,10 +712,23 @@ static int tfab_ofi_mr_dereg(struct tfab_mr *mr)
 	return 0;
 }
 
+/* A refused post as a status: logged, and a gone peer as -TFAB_ERR_PEER_FAILED. */
+static int post_error(ssize_t rc, const char *call, size_t len)
+{
+	if (rc == -FI_EAGAIN)
+		return -EAGAIN;
+	TFAB_ERROR(SUBSYS, "%s(%zu bytes): %s", call, len, fi_strerror((int)-rc));
+	/* sockets refuses posts to a peer whose connection is gone with -FI_ENOENT. */
+	if (rc == -FI_ENOENT || ofi_peer_lost((int)-rc))
+		return -TFAB_ERR_PEER_FAILED;
+	return ofi_err((int)rc);
+}
+
 static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
 			      size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
 			      uint32_t imm, unsigned flags, void *ctx)
 {
+	bool inject = (flags & TFAB_WRITE_INJECT) != 0;
 	struct tfab_ofi_op *op;
 	ssize_t rc;
 
@@ -666,33 +736,40 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 		return -EMSGSIZE;
 	if (conn_dead(peer))
 		return -TFAB_ERR_PEER_FAILED;
-	if (flags & TFAB_WRITE_INJECT) {
+	if (inject) {
 		if (len > ep->caps.inject_size)
 			return -EMSGSIZE;
-		rc = fi_inject_writedata(ep->ep, lbuf, len, imm, peer->fi_addr, raddr, rkey);
-		if (rc == -FI_EAGAIN)
-			return -EAGAIN;
-		if (rc)
-			TFAB_ERROR(SUBSYS, "fi_inject_writedata: %s", fi_strerror((int)-rc));
-		return rc ? ofi_err((int)rc) : 0;
+		if (!ep->inject_ctx) {
+			rc =
+			    fi_inject_writedata(ep->ep, lbuf, len, imm, peer->fi_addr, raddr, rkey);
+			return rc ? post_error(rc, "fi_inject_writedata", len) : 0;
+		}
 	}
 	op = op_get(ep);
 	if (!op)
 		return -ENOMEM;
-	op->kind = TFAB_OFI_OP_WRITE;
-	op->ctx = ctx;
+	op->kind = inject ? TFAB_OFI_OP_INJECT : TFAB_OFI_OP_WRITE;
+	op->ctx = inject ? NULL : ctx;
 	op->conn = peer;
-	rc = fi_writedata(ep->ep, lbuf, len, lmr ? lmr->desc : NULL, imm, peer->fi_addr, raddr,
-			  rkey, &op->fictx);
+	if (inject) {
+		struct iovec iov = {.iov_base = (void *)lbuf, .iov_len = len};
+		struct fi_rma_iov riov = {.addr = raddr, .len = len, .key = rkey};
+		struct fi_msg_rma msg = {.msg_iov = &iov,
+					 .iov_count = 1,
+					 .addr = peer->fi_addr,
+					 .rma_iov = &riov,
+					 .rma_iov_count = 1,
+					 .context = &op->fictx,
+					 .data = imm};
+
+		rc = fi_writemsg(ep->ep, &msg, FI_INJECT | FI_REMOTE_CQ_DATA | FI_COMPLETION);
+	} else {
+		rc = fi_writedata(ep->ep, lbuf, len, lmr ? lmr->desc : NULL, imm, peer->fi_addr,
+				  raddr, rkey, &op->fictx);
+	}
 	if (rc) {
 		op_put(ep, op);
-		if (rc == -FI_EAGAIN)
-			return -EAGAIN;
-		TFAB_ERROR(SUBSYS, "fi_writedata(%zu bytes): %s", len, fi_strerror((int)-rc));
-		/* sockets refuses posts to a peer whose connection is gone with -FI_ENOENT. */
-		if (rc == -FI_ENOENT || ofi_peer_lost((int)-rc))
-			return -TFAB_ERR_PEER_FAILED;
-		return ofi_err((int)rc);
+		return post_error(rc, inject ? "fi_writemsg" : "fi_writedata", len);
 	}
 	peer->inflight++;
 	return 0;
@@ -723,11 +800,11 @@ static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
 	}
 	ev->type = TFAB_EV_ERROR;
 	ev->status = ofi_cq_status(err.err);
-	ev->ctx = (op && op->kind == TFAB_OFI_OP_WRITE) ? op->ctx : NULL;
+	ev->ctx = (op && op->kind == TFAB_OFI_OP_WRITE) ? op->ctx : NULL; /* NULL for injects */
 	ev->errmsg = ep->errmsg;
 	TFAB_DEBUG(SUBSYS, "completion error: %s (%s, prov_errno %d)", fi_strerror(err.err),
 		   ep->errmsg, err.prov_errno);
-	if (op && op->kind == TFAB_OFI_OP_WRITE)
+	if (op && (op->kind == TFAB_OFI_OP_WRITE || op->kind == TFAB_OFI_OP_INJECT))
 		write_op_done(ep, op);
 	return 1;
 }
@@ -762,6 +839,10 @@ static int tfab_ofi_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
 
 			/* sockets flags its own writes FI_REMOTE_CQ_DATA: local first. */
 			if (e->flags & (FI_WRITE | FI_SEND | FI_READ)) {
+				if (op && op->kind == TFAB_OFI_OP_INJECT) {
+					write_op_done(ep, op); /* injects report nothing */
+					continue;
+				}
 				if (!op || op->kind != TFAB_OFI_OP_WRITE)
 					continue;
 				memset(out, 0, sizeof(*out));

@@ -168,6 +168,17 @@ int mp_note(struct mp *mp, const char *what)
 	return write_file(mp->rank, what, 1);
 }
 
+int mp_put(struct mp *mp, const char *what, unsigned value)
+{
+	return write_file(mp->rank, what, value);
+}
+
+int mp_get(struct mp *mp, int rank, const char *what, unsigned *value_p)
+{
+	(void)mp;
+	return read_file(rank, what, value_p);
+}
+
 int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms)
 {
 	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;

@@ -71,6 +71,10 @@ int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms);
 int mp_note(struct mp *mp, const char *what);
 int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms);
 
+/* A number published by this rank outside the fabric (a port), and one read from rank's. */
+int mp_put(struct mp *mp, const char *what, unsigned value);
+int mp_get(struct mp *mp, int rank, const char *what, unsigned *value_p);
+
 /* A barrier among all ranks through the fabric (a tensor per pair). 0 on success. */
 int mp_barrier(struct mp *mp, int64_t tag);
 

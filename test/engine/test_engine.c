@@ -2,7 +2,8 @@
  * Engine scenarios between processes: receives before and after sends, library and caller
  * destinations, meta-data changes (the re-request path), dead and empty tensors, every DLPack
  * dtype byte for byte, many keys and steps, several threads, all-to-all among four processes,
- * step cleanup, abort, and bad input. Each scenario runs in every rank (see mp.c).
+ * step cleanup, abort, peers that leave, and bad input. Each scenario runs in every rank (see
+ * mp.c).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -879,8 +880,8 @@ static int sc_abort(struct mp *mp)
 	} else {
 		/*
 		 * Stay until rank 0 has aborted (no barrier: its context refuses everything then),
-		 * and tell it outside the fabric when the answer came, so that neither side polls
-		 * a peer that is gone (libfabric 1.17's shm and tcp crash in fi_cq_read then).
+		 * and tell it outside the fabric when the answer came, so that the answer, not the
+		 * peer's leaving, ends the receive (peer_exits tests a peer that leaves).
 		 */
 		CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], "never", 1, NULL, on_recv, &d), 0);
 		CHECK(wait_n(mp, &d, 1));
@@ -931,6 +932,106 @@ static int sc_peer_killed(struct mp *mp)
 		CHECK(ok.errors == 0);
 	}
 	tensor_free(&t);
+	return 0;
+}
+
+/*
+ * A peer that leaves normally, destroying its context right after asking this process for
+ * tensors, while this process waits on a receive from it: the receive fails with
+ * TFAB_ERR_PEER_FAILED (or the peer's abort status, if it answered first), and this process
+ * neither crashes nor hangs. Each round (TFAB_TEST_ROUNDS, 8) is a fresh pair of contexts,
+ * since timing decides what the leaving peer leaves behind: on shm its first write to us, which
+ * may be read after its endpoint has closed; on tcp our credit returns, injected into its
+ * closing connection.
+ */
+static int sc_peer_exits(struct mp *mp)
+{
+	const char *env = getenv("TFAB_TEST_ROUNDS");
+	int rounds = env ? atoi(env) : 8;
+
+	for (int round = 0; round < rounds; round++) {
+		struct tfab_context *ctx;
+		struct tfab_peer *peer;
+		struct done d = {0};
+		char what[32];
+		unsigned port;
+		int rc;
+
+		snprintf(what, sizeof(what), "px_port%d_", round);
+		CHECK_RC(tfab_context_create(&ctx), 0);
+		if (mp->rank == 0) {
+			uint16_t p16;
+
+			CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+			CHECK_RC(mp_put(mp, what, p16), 0);
+			CHECK_RC(tfab_accept(ctx, 20000, &peer), 0); /* rank 1 may have died */
+			/* More requests than a credit batch, so that credits come back late. */
+			for (int i = 0; i < 24; i++)
+				CHECK_RC(tfab_recv(ctx, peer, "wanted", i, NULL, on_recv, &d), 0);
+			CHECK_RC(tfab_context_destroy(ctx), 0);
+			continue;
+		}
+		CHECK_RC(mp_get(mp, 0, what, &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, 20000, &peer), 0);
+		rc = tfab_recv(ctx, peer, "never", 1, NULL, on_recv, &d);
+		if (rc == 0) {
+			for (int i = 0; i < WAIT_MS && d.n < 1; i++) {
+				tfab_progress(ctx);
+				if (d.n < 1)
+					usleep(i < 10 ? 0 : 100);
+			}
+			CHECK(d.n == 1 && d.errors == 1);
+			rc = d.last_status;
+		}
+		if (rc != -TFAB_ERR_PEER_FAILED && rc != -TFAB_ERR_ABORTED) {
+			fprintf(stderr, "rank 1: round %d: the receive ended with %s\n", round,
+				tfab_strerror(rc));
+			return 1;
+		}
+		CHECK_RC(tfab_peer_destroy(peer), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+	}
+	return 0;
+}
+
+/*
+ * This process destroys its peer object for a process that has just asked it for a tensor,
+ * and that then leaves; this process goes on polling. Its request, the first write it made to
+ * us and still unread, must be dropped quietly (on shm it carries a connection request for a
+ * region that is gone by the time it is read).
+ */
+static int sc_peer_forgotten(struct mp *mp)
+{
+	struct tfab_context *ctx;
+	struct tfab_peer *peer;
+	struct done d = {0};
+	unsigned port;
+
+	CHECK_RC(tfab_context_create(&ctx), 0);
+	if (mp->rank == 0) {
+		uint16_t p16;
+
+		CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+		CHECK_RC(mp_put(mp, "pf_port", p16), 0);
+		CHECK_RC(tfab_accept(ctx, 20000, &peer), 0);
+		CHECK_RC(tfab_recv(ctx, peer, "wanted", 1, NULL, on_recv, &d), 0);
+		tfab_progress(ctx);
+		CHECK_RC(mp_note(mp, "asked"), 0);
+		CHECK_RC(mp_wait_note(mp, 1, "forgot", 20000), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		CHECK_RC(mp_note(mp, "left"), 0);
+		return 0;
+	}
+	CHECK_RC(mp_get(mp, 0, "pf_port", &port), 0);
+	CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, 20000, &peer), 0);
+	/* Not polling ctx meanwhile: the request stays unread in the fabric. */
+	CHECK_RC(mp_wait_note(mp, 0, "asked", 20000), 0);
+	CHECK_RC(tfab_peer_destroy(peer), 0);
+	CHECK_RC(mp_note(mp, "forgot"), 0);
+	CHECK_RC(mp_wait_note(mp, 0, "left", 20000), 0);
+	for (int i = 0; i < 1000; i++)
+		CHECK(tfab_progress(ctx) >= 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
 	return 0;
 }
 
@@ -1129,6 +1230,8 @@ static const struct mp_scenario scenarios[] = {
      .fn = sc_peer_killed,
      .no_barrier = true,
      .killed_rank = 2},
+    {.name = "peer_exits", .nranks = 2, .fn = sc_peer_exits, .no_barrier = true},
+    {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "bad_input", .nranks = 2, .fn = sc_bad_input},
     {.name = "malformed_version", .nranks = 3, .fn = sc_malformed_version, .no_barrier = true},
     {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},
