@@ -38,9 +38,24 @@ mount -t sysfs sysfs "$r/sys"
 mount -t devtmpfs devtmpfs "$r/dev"
 mkdir -p "$r/dev/shm" "$r/dev/pts"
 mount -t devpts devpts "$r/dev/pts"
+# A checkout under /tmp (a CI clone, say) stays visible through the guest's own /tmp: its
+# top folder is bound back in over the tmpfs.
+top=
+case "$job" in
+/tmp/?*)
+	top=${job#/tmp/}
+	top=${top%%/*}
+	mkdir -p /hosttmp
+	mount --bind "$r/tmp" /hosttmp || fail "cannot bind the host's /tmp"
+	;;
+esac
 for d in /tmp /dev/shm /run; do
 	mount -t tmpfs -o mode=1777 tmpfs "$r$d"
 done
+if [ -n "$top" ]; then
+	mkdir -p "$r/tmp/$top"
+	mount --bind "/hosttmp/$top" "$r/tmp/$top" || fail "cannot bind /tmp/$top"
+fi
 mount --move /job "$r$job" || fail "cannot mount the job share at $job"
 hostname localhost
 ip link set lo up
