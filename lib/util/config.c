@@ -200,8 +200,8 @@ static const struct tfab_config_entry table[] = {
     {"TFAB_RING_SLOTS", "64", "Control message slots per peer and direction (the credit window)",
      FIELD(ring_slots), &parser_uint, 2, 1024},
     {"TFAB_PROGRESS_THREAD", "0",
-     "1 starts a progress thread per context (experimental: a race is open); 0 leaves progress "
-     "to tfab_progress() and blocking receives",
+     "1 starts a progress thread per context; 0 leaves progress to tfab_progress() and blocking "
+     "receives",
      FIELD(progress_thread), &parser_uint, 0, 1},
     {"TFAB_MR_CACHE_ENTRIES", "4096",
      "Registrations of caller buffers kept for reuse before the least recently used go",

@@ -892,6 +892,32 @@ static int sc_abort(struct mp *mp)
 	return 0;
 }
 
+static void ignore_sent(void *arg, int status)
+{
+	(void)arg;
+	(void)status;
+}
+
+/*
+ * After the barrier, tell the victim it may die: our barrier writes into it have completed
+ * here. (A write that landed there can still fail here if the target dies before the
+ * transport's acknowledgement: this one's outcome does not matter.)
+ */
+static int victim_go(struct mp *mp)
+{
+	static int32_t one = 1;
+	static int64_t shape = 1;
+	static DLTensor t = {.data = &one,
+			     .device = {kDLCPU, 0},
+			     .ndim = 1,
+			     .dtype = {kDLInt, 32, 1},
+			     .shape = &shape};
+	char key[32];
+
+	snprintf(key, sizeof(key), "victim/go/%d", mp->rank);
+	return tfab_send(mp->ctx, key, 80, &t, false, ignore_sent, NULL);
+}
+
 /*
  * A peer killed with requests outstanding: they fail with TFAB_ERR_PEER_FAILED within the
  * bound, and the process keeps working with its other peer.
@@ -905,7 +931,16 @@ static int sc_peer_killed(struct mp *mp)
 	tensor_make(&t, f32, 1, shape);
 	tensor_fill(&t, 9);
 	if (mp->rank == 2) {
+		char key[32];
+
 		CHECK(mp_barrier(mp, 80) == 0);
+		for (int r = 0; r < 2; r++) {
+			DLManagedTensor *m = NULL;
+
+			snprintf(key, sizeof(key), "victim/go/%d", r);
+			CHECK_RC(recv_one(mp, r, key, 80, &m, NULL), 0);
+			m->deleter(m);
+		}
 		raise(SIGKILL);
 	}
 	if (mp->rank == 0) {
@@ -914,6 +949,7 @@ static int sc_peer_killed(struct mp *mp)
 			    tfab_recv(mp->ctx, mp->peers[2], "from/victim", i, NULL, on_recv, &d),
 			    0);
 		CHECK(mp_barrier(mp, 80) == 0);
+		CHECK_RC(victim_go(mp), 0);
 		CHECK(wait_n(mp, &d, 8));
 		CHECK(d.errors == 8 && d.last_status == -TFAB_ERR_PEER_FAILED);
 		/* the other peer still works */
@@ -927,6 +963,7 @@ static int sc_peer_killed(struct mp *mp)
 	}
 	if (mp->rank == 1) {
 		CHECK(mp_barrier(mp, 80) == 0);
+		CHECK_RC(victim_go(mp), 0);
 		CHECK_RC(tfab_send(mp->ctx, "from/survivor", 1, &t.dl, false, on_sent, &ok), 0);
 		CHECK(wait_n(mp, &ok, 1));
 		CHECK(ok.errors == 0);
