@@ -619,6 +619,13 @@ static void nested_cb(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	__atomic_store_n(&n->done, 1, __ATOMIC_RELEASE); /* the last touch of n */
 }
 
+/* A one-element int32 tensor over v (shape: one). */
+static DLTensor int32_scalar(int32_t *v, int64_t *one)
+{
+	return (DLTensor){
+	    .data = v, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLInt, 32, 1}, .shape = one};
+}
+
 /*
  * A callback that calls a blocking receive: it completes wherever the callback runs, on the
  * progress thread too (which then drives progress itself).
@@ -627,18 +634,7 @@ static int sc_callback_recv_sync(struct mp *mp)
 {
 	static int32_t vals[2] = {7, 8};
 	int64_t one = 1;
-	DLTensor t[2] = {
-	    {.data = &vals[0],
-	     .device = {kDLCPU, 0},
-	     .ndim = 1,
-	     .dtype = {kDLInt, 32, 1},
-	     .shape = &one},
-	    {.data = &vals[1],
-	     .device = {kDLCPU, 0},
-	     .ndim = 1,
-	     .dtype = {kDLInt, 32, 1},
-	     .shape = &one},
-	};
+	DLTensor t[2] = {int32_scalar(&vals[0], &one), int32_scalar(&vals[1], &one)};
 
 	if (mp->rank == 1) {
 		struct done d = {0};
@@ -677,18 +673,7 @@ static int sc_destroy_busy(struct mp *mp)
 {
 	static int32_t vals[2] = {5, 6};
 	int64_t one = 1;
-	DLTensor t[2] = {
-	    {.data = &vals[0],
-	     .device = {kDLCPU, 0},
-	     .ndim = 1,
-	     .dtype = {kDLInt, 32, 1},
-	     .shape = &one},
-	    {.data = &vals[1],
-	     .device = {kDLCPU, 0},
-	     .ndim = 1,
-	     .dtype = {kDLInt, 32, 1},
-	     .shape = &one},
-	};
+	DLTensor t[2] = {int32_scalar(&vals[0], &one), int32_scalar(&vals[1], &one)};
 	DLManagedTensor *m = NULL, *m2 = NULL;
 
 	if (mp->rank == 1) {
