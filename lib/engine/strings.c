@@ -38,6 +38,19 @@ int64_t tfab_string_tensor_count(const struct tfab_string_tensor *t)
 	return n;
 }
 
+/* Serialize straight into a registered pool block. */
+struct pool_out {
+	struct tfab_context *ctx;
+	struct tfab_mr *mr;
+};
+
+static int pool_out_alloc(void *arg, size_t len, void **buf_p)
+{
+	struct pool_out *o = arg;
+
+	return tfab__pool_alloc(o->ctx->pool, len, buf_p, &o->mr);
+}
+
 static void count_copied(struct tfab_context *ctx, uint64_t n)
 {
 	tfab__ctx_lock(ctx);
@@ -66,17 +79,12 @@ int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id
 	meta.ndim = (uint8_t)t->ndim;
 	memcpy(meta.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
 	if (!is_dead && count > 0) {
-		rc = tfab_tensorproto_encode_strings(t, NULL, 0, &len);
-		if (rc != -ENOSPC)
-			return rc ? rc : -EIO;
-		rc = tfab__pool_alloc(ctx->pool, len, &buf, &mr);
+		struct pool_out o = {ctx, NULL};
+
+		rc = tfab__tensorproto_pack_strings(t, pool_out_alloc, &o, &buf, &len);
 		if (rc)
 			return rc;
-		rc = tfab_tensorproto_encode_strings(t, buf, len, &len);
-		if (rc) {
-			tfab__pool_free(ctx->pool, buf);
-			return rc;
-		}
+		mr = o.mr;
 		meta.nbytes = len;
 		count_copied(ctx, len);
 	}

@@ -151,8 +151,9 @@ int tfab_tensorproto_encode(const DLTensor *t, void *buf, size_t cap, size_t *le
 	return pack(&m, buf, cap, len_p);
 }
 
-int tfab_tensorproto_encode_strings(const struct tfab_string_tensor *t, void *buf, size_t cap,
-				    size_t *len_p)
+int tfab__tensorproto_pack_strings(const struct tfab_string_tensor *t,
+				   int (*alloc)(void *arg, size_t len, void **buf_p), void *arg,
+				   void **buf_p, size_t *len_p)
 {
 	Tensorflow__TensorProto m = TENSORFLOW__TENSOR_PROTO__INIT;
 	struct shape_msg shape;
@@ -182,9 +183,41 @@ int tfab_tensorproto_encode_strings(const struct tfab_string_tensor *t, void *bu
 	m.tensor_shape = &shape.shape;
 	m.n_string_val = (size_t)n;
 	m.string_val = vals;
-	rc = pack(&m, buf, cap, len_p);
+	rc = pack(&m, NULL, 0, len_p);
+	if (rc == -ENOSPC) {
+		rc = alloc(arg, *len_p, buf_p);
+		if (rc == 0)
+			tensorflow__tensor_proto__pack(&m, *buf_p);
+	}
 	free(vals);
 	return rc;
+}
+
+/* The caller's buffer as an allocator: -ENOSPC when it is too small. */
+struct fixed_buf {
+	void *buf;
+	size_t cap;
+};
+
+static int fixed_alloc(void *arg, size_t len, void **buf_p)
+{
+	struct fixed_buf *f = arg;
+
+	if (!f->buf || f->cap < len)
+		return -ENOSPC;
+	*buf_p = f->buf;
+	return 0;
+}
+
+int tfab_tensorproto_encode_strings(const struct tfab_string_tensor *t, void *buf, size_t cap,
+				    size_t *len_p)
+{
+	struct fixed_buf f = {buf, cap};
+	void *out;
+
+	if (!len_p)
+		return -EINVAL;
+	return tfab__tensorproto_pack_strings(t, fixed_alloc, &f, &out, len_p);
 }
 
 /* ---- Decoding ---- */

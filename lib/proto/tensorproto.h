@@ -6,6 +6,14 @@
 
 #include <tfab/strings.h>
 
+/*
+ * Serialize t in one pass: alloc(arg, len, buf_p) is asked for the buffer once the size is
+ * known; *buf_p and *len_p get it. Errors of alloc come back as they are.
+ */
+int tfab__tensorproto_pack_strings(const struct tfab_string_tensor *t,
+				   int (*alloc)(void *arg, size_t len, void **buf_p), void *arg,
+				   void **buf_p, size_t *len_p);
+
 /* A string tensor with no elements (a dimension is 0), of that shape; NULL without memory. */
 struct tfab_string_tensor *tfab__strings_empty(int ndim, const int64_t *shape);
 
