@@ -249,6 +249,21 @@ static bool info_usable(const struct fi_info *fi)
 	       (fi->caps & FI_REMOTE_WRITE);
 }
 
+/*
+ * Whether we drive the provider's progress from our own calls. sockets is asked for manual
+ * progress rather than its own thread: libfabric 1.17's thread reports a remote write's
+ * completion, then goes back, unlocked, to the write's memory region for its counter; a
+ * receiver that reads that completion and deregisters the region at once (a receive done,
+ * its pool block returned) frees the region under the thread, which crashes in
+ * pthread_mutex_lock (sock_pe_report_mr_completion, then sock_cntr_inc on freed memory).
+ * Progressed from our calls, under the context lock, the two cannot overlap.
+ */
+static bool progress_manual(const struct fi_info *fi)
+{
+	return fi->domain_attr->data_progress == FI_PROGRESS_MANUAL ||
+	       strcmp(fi->fabric_attr->prov_name, "sockets") == 0;
+}
+
 static void describe(const struct fi_info *fi, struct tfab_fabric_desc *d)
 {
 	memset(d, 0, sizeof(*d));
@@ -261,7 +276,7 @@ static void describe(const struct fi_info *fi, struct tfab_fabric_desc *d)
 		 (fi->domain_attr->mr_mode & FI_MR_LOCAL) ? ",local" : "",
 		 (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) ? ",prov_key" : "",
 		 fi->domain_attr->mr_key_size, fi->tx_attr->inject_size,
-		 fi->domain_attr->data_progress == FI_PROGRESS_MANUAL ? "manual" : "auto",
+		 progress_manual(fi) ? "manual" : "auto",
 		 (unsigned long long)fi->ep_attr->max_msg_size,
 		 (fi->mode & FI_RX_CQ_DATA) ? " rx_cq_data" : "");
 }
@@ -488,6 +503,8 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
 	ep->inject_ctx = strstr(fi->fabric_attr->prov_name, "ofi_rxm") != NULL;
 	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
+	if (progress_manual(fi))
+		fi->domain_attr->data_progress = FI_PROGRESS_MANUAL;
 	ep->next_key = 1;
 	ep->poll_batch = cfg->ofi_poll_batch;
 	ep->cqe = calloc(ep->poll_batch, sizeof(*ep->cqe));
