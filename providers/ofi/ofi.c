@@ -22,6 +22,7 @@
 
 #include "providers/provider.h"
 #include "util/config.h"
+#include "util/freelist.h"
 #include "util/log.h"
 
 #define SUBSYS "ofi"
@@ -38,12 +39,6 @@ struct tfab_ofi_op {
 	enum tfab_ofi_op_kind kind;
 	void *ctx;
 	struct tfab_conn *conn; /* writes and injects: the connection it goes to */
-	struct tfab_ofi_op *next;
-};
-
-struct tfab_ofi_chunk {
-	struct tfab_ofi_chunk *next;
-	struct tfab_ofi_op ops[TFAB_OFI_OP_CHUNK];
 };
 
 struct tfab_ep {
@@ -67,8 +62,7 @@ struct tfab_ep {
 	 */
 	bool inject_ctx;
 	unsigned rx_depth, rx_posted;
-	struct tfab_ofi_op *free_ops;
-	struct tfab_ofi_chunk *chunks;
+	struct tfab_freelist ops; /* of struct tfab_ofi_op */
 	unsigned poll_batch;
 	struct fi_cq_data_entry *cqe;
 	int npeers, nmrs;
@@ -358,29 +352,12 @@ static int choose_info(const struct tfab_open_args *args, struct fi_info *infos,
 
 static struct tfab_ofi_op *op_get(struct tfab_ep *ep)
 {
-	struct tfab_ofi_op *op = ep->free_ops;
-
-	if (!op) {
-		struct tfab_ofi_chunk *c = calloc(1, sizeof(*c));
-
-		if (!c)
-			return NULL;
-		c->next = ep->chunks;
-		ep->chunks = c;
-		for (int i = 0; i < TFAB_OFI_OP_CHUNK; i++) {
-			c->ops[i].next = ep->free_ops;
-			ep->free_ops = &c->ops[i];
-		}
-		op = ep->free_ops;
-	}
-	ep->free_ops = op->next;
-	return op;
+	return tfab__freelist_get(&ep->ops);
 }
 
 static void op_put(struct tfab_ep *ep, struct tfab_ofi_op *op)
 {
-	op->next = ep->free_ops;
-	ep->free_ops = op;
+	tfab__freelist_put(&ep->ops, op);
 }
 
 /*
@@ -405,6 +382,7 @@ static void rx_refill(struct tfab_ep *ep)
 			return;
 		op->kind = TFAB_OFI_OP_RX;
 		op->ctx = NULL;
+		op->conn = NULL;
 		rc = fi_recv(ep->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, &op->fictx);
 		if (rc) {
 			op_put(ep, op);
@@ -452,12 +430,7 @@ static int tfab_ofi_close(struct tfab_ep *ep)
 		ep->retired = r->zombie_next;
 		free(r);
 	}
-	while (ep->chunks) {
-		struct tfab_ofi_chunk *c = ep->chunks;
-
-		ep->chunks = c->next;
-		free(c);
-	}
+	tfab__freelist_fini(&ep->ops);
 	free(ep->cqe);
 	free(ep);
 	return 0;
@@ -485,6 +458,7 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep = calloc(1, sizeof(*ep));
 	if (!ep)
 		return -ENOMEM;
+	ep->ops = TFAB_FREELIST_INIT(struct tfab_ofi_op, TFAB_OFI_OP_CHUNK);
 	rc = get_infos(args->fabric, &infos);
 	if (rc)
 		goto err;

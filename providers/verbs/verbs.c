@@ -29,29 +29,12 @@
 #define TFAB_VERBS_SCAN_MS 2 /* how often connection timers are looked at, while any run */
 #define TFAB_VERBS_CQ_SPARE 64
 
-struct tfab_verbs_chunk {
-	struct tfab_verbs_chunk *next;
-	struct tfab_verbs_op ops[TFAB_VERBS_OP_CHUNK];
-};
-
 struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_ep *ep)
 {
-	struct tfab_verbs_op *op = ep->free_ops;
+	struct tfab_verbs_op *op = tfab__freelist_get(&ep->ops);
 
-	if (!op) {
-		struct tfab_verbs_chunk *c = calloc(1, sizeof(*c));
-
-		if (!c)
-			return NULL;
-		c->next = ep->chunks;
-		ep->chunks = c;
-		for (int i = 0; i < TFAB_VERBS_OP_CHUNK; i++) {
-			c->ops[i].next = ep->free_ops;
-			ep->free_ops = &c->ops[i];
-		}
-		op = ep->free_ops;
-	}
-	ep->free_ops = op->next;
+	if (!op)
+		return NULL;
 	op->next = NULL;
 	op->conn = NULL;
 	op->ctx = NULL;
@@ -68,8 +51,7 @@ struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_ep *ep)
 
 void tfab_verbs_op_put(struct tfab_ep *ep, struct tfab_verbs_op *op)
 {
-	op->next = ep->free_ops;
-	ep->free_ops = op;
+	tfab__freelist_put(&ep->ops, op);
 }
 
 /* Queue an event for the next poll: WRITE_DONE (status 0) or ERROR. */
@@ -791,12 +773,7 @@ static int tfab_verbs_close(struct tfab_ep *ep)
 		ibv_dealloc_pd(ep->pd);
 	if (ep->ctx)
 		ibv_close_device(ep->ctx);
-	while (ep->chunks) {
-		struct tfab_verbs_chunk *c = ep->chunks;
-
-		ep->chunks = c->next;
-		free(c);
-	}
+	tfab__freelist_fini(&ep->ops);
 	free(ep);
 	return 0;
 }
@@ -901,6 +878,7 @@ static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **e
 	ep = calloc(1, sizeof(*ep));
 	if (!ep)
 		return -ENOMEM;
+	ep->ops = TFAB_FREELIST_INIT(struct tfab_verbs_op, TFAB_VERBS_OP_CHUNK);
 	tfab__list_init(&ep->conns);
 	tfab__list_init(&ep->passives);
 	tfab__list_init(&ep->ahs);

@@ -19,6 +19,7 @@
 #include <infiniband/verbs.h>
 
 #include "providers/provider.h"
+#include "util/freelist.h"
 #include "util/list.h"
 
 #define SUBSYS "verbs"
@@ -207,8 +208,7 @@ struct tfab_ep {
 	unsigned polls; /* async events are read every so many polls */
 	/* ERROR events decided outside a completion, delivered by the next polls */
 	struct tfab_verbs_op *deferred, *deferred_tail;
-	struct tfab_verbs_op *free_ops;
-	struct tfab_verbs_chunk *chunks;
+	struct tfab_freelist ops; /* of struct tfab_verbs_op */
 	struct ibv_wc wc[TFAB_VERBS_POLL_BATCH];
 };
 
