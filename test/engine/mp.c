@@ -262,11 +262,14 @@ static void crash_report(int sig)
 {
 	static const char head[] = "rank 0 terminated with signal ", tail[] = "\nBacktrace:\n";
 	void *frames[48];
-	char num[4] = {(char)('0' + sig / 10), (char)('0' + sig % 10), 0, 0};
-	int n = backtrace(frames, 48);
+	char num[2];
+	int n = backtrace(frames, 48), k = 0;
 
+	if (sig >= 10)
+		num[k++] = (char)('0' + sig / 10);
+	num[k++] = (char)('0' + sig % 10);
 	(void)!write(2, head, sizeof(head) - 1);
-	(void)!write(2, sig >= 10 ? num : num + 1, sig >= 10 ? 2 : 1);
+	(void)!write(2, num, (size_t)k);
 	(void)!write(2, tail, sizeof(tail) - 1);
 	backtrace_symbols_fd(frames, n, 2);
 	for (int i = 0; i < 2; i++)
