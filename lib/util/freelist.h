@@ -21,8 +21,20 @@ struct tfab_freelist {
 #define TFAB_FREELIST_INIT(type, n) \
 	((struct tfab_freelist){.item_size = sizeof(type), .per_chunk = (n)})
 
-/* An item, or NULL when a new chunk cannot be allocated. */
-void *tfab__freelist_get(struct tfab_freelist *fl);
+/* Adds a chunk's items to the free list: 0, or -ENOMEM. */
+int tfab__freelist_grow(struct tfab_freelist *fl);
+
+/* An item, or NULL when a new chunk cannot be allocated. Inline: it is on every write. */
+static inline void *tfab__freelist_get(struct tfab_freelist *fl)
+{
+	void *item;
+
+	if (!fl->free && tfab__freelist_grow(fl))
+		return NULL;
+	item = fl->free;
+	memcpy(&fl->free, item, sizeof(fl->free));
+	return item;
+}
 
 static inline void tfab__freelist_put(struct tfab_freelist *fl, void *item)
 {
