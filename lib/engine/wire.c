@@ -18,12 +18,14 @@
 #define META_HDR 16
 #define REQ_FIXED 38
 #define ERR_FIXED 10
+#define TAKEN_FIXED 6
 
 static const uint16_t allowed_flags[] = {
     [TFAB_MSG_TENSOR_REQUEST] = TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST,
     [TFAB_MSG_META_DATA] = TFAB_MSGF_COMPLETE,
     [TFAB_MSG_ERROR] = 0,
     [TFAB_MSG_CANCEL] = 0,
+    [TFAB_MSG_TAKEN] = 0,
 };
 
 /* Writing: the caller has checked the room, so the cursor only advances. */
@@ -262,7 +264,7 @@ static bool has_meta(const struct tfab_wire_msg *m)
 /* The rules both sides apply; pointers are checked by the encoder only. */
 static bool msg_valid(const struct tfab_wire_msg *m)
 {
-	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_CANCEL)
+	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_TAKEN)
 		return false;
 	if (m->flags & ~allowed_flags[m->type])
 		return false;
@@ -273,6 +275,8 @@ static bool msg_valid(const struct tfab_wire_msg *m)
 		return m->key_len >= 1 && m->key_len <= TFAB_MAX_KEY;
 	case TFAB_MSG_ERROR:
 		return m->status < 0 && m->errmsg_len <= TFAB_WIRE_MAX_ERRMSG;
+	case TFAB_MSG_TAKEN:
+		return m->ntaken >= 1 && m->ntaken <= TFAB_WIRE_MAX_TAKEN;
 	default:
 		return true;
 	}
@@ -289,6 +293,8 @@ static size_t msg_payload(const struct tfab_wire_msg *m)
 		return 4 + n;
 	case TFAB_MSG_ERROR:
 		return ERR_FIXED + (size_t)m->errmsg_len;
+	case TFAB_MSG_TAKEN:
+		return TAKEN_FIXED + 4 * (size_t)(m->ntaken - 1);
 	default:
 		return 4;
 	}
@@ -304,6 +310,8 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	if (m->type == TFAB_MSG_TENSOR_REQUEST && !m->key)
 		return -EINVAL;
 	if (m->type == TFAB_MSG_ERROR && m->errmsg_len && !m->errmsg)
+		return -EINVAL;
+	if (m->type == TFAB_MSG_TAKEN && m->ntaken > 1 && !m->taken && !m->taken_le)
 		return -EINVAL;
 	payload = msg_payload(m);
 	need = TFAB_WIRE_MSG_HDR + payload;
@@ -335,6 +343,11 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 		p = put_le(p, (uint32_t)m->status, 4);
 		p = put_le(p, m->errmsg_len, 2);
 		put_bytes(p, m->errmsg, m->errmsg_len);
+		break;
+	case TFAB_MSG_TAKEN:
+		p = put_le(p, m->ntaken - 1u, 2);
+		for (unsigned i = 1; i < m->ntaken; i++)
+			p = put_le(p, tfab__wire_taken_at(m, i), 4);
 		break;
 	default:
 		break;
@@ -382,6 +395,15 @@ int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m)
 		break;
 	case TFAB_MSG_CANCEL:
 		break;
+	case TFAB_MSG_TAKEN: {
+		size_t more = (size_t)get_le(&r, 2);
+
+		if (more >= TFAB_WIRE_MAX_TAKEN)
+			return -TFAB_ERR_PROTOCOL;
+		out.ntaken = (uint16_t)(more + 1);
+		out.taken_le = get_bytes(&r, 4 * more);
+		break;
+	}
 	default:
 		return -TFAB_ERR_PROTOCOL;
 	}

@@ -83,7 +83,11 @@ enum tfab_wire_type {
 	TFAB_MSG_META_DATA = 2,
 	TFAB_MSG_ERROR = 3,
 	TFAB_MSG_CANCEL = 4,
+	TFAB_MSG_TAKEN = 5,
 };
+
+/* Request indexes one TAKEN message carries: its req_index and up to 250 more. */
+#define TFAB_WIRE_MAX_TAKEN 251
 
 enum {
 	TFAB_MSGF_META_VALID = 1,
@@ -125,7 +129,28 @@ struct tfab_wire_msg {
 	int32_t status;
 	uint16_t errmsg_len;
 	const char *errmsg;
+	/*
+	 * TAKEN: ntaken request indexes in all, req_index the first. The others come from
+	 * taken (encode) or lie little-endian at taken_le (decode); tfab__wire_taken_at reads
+	 * either.
+	 */
+	uint16_t ntaken;
+	const uint32_t *taken;
+	const uint8_t *taken_le;
 };
+
+/* The i-th request index (0 <= i < ntaken) of a TAKEN message. */
+static inline uint32_t tfab__wire_taken_at(const struct tfab_wire_msg *m, unsigned i)
+{
+	const uint8_t *p;
+
+	if (i == 0)
+		return m->req_index;
+	if (m->taken)
+		return m->taken[i - 1];
+	p = m->taken_le + 4 * (size_t)(i - 1);
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 /* Encode a message into a slot of cap bytes; the whole length goes to *len_p. */
 int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap, size_t *len_p);

@@ -169,6 +169,11 @@ static void assert_msg_equal(const struct tfab_wire_msg *a, const struct tfab_wi
 		if (a->errmsg_len)
 			assert_memory_equal(a->errmsg, b->errmsg, a->errmsg_len);
 	}
+	if (a->type == TFAB_MSG_TAKEN) {
+		assert_int_equal(a->ntaken, b->ntaken);
+		for (unsigned i = 0; i < a->ntaken; i++)
+			assert_int_equal(tfab__wire_taken_at(a, i), tfab__wire_taken_at(b, i));
+	}
 }
 
 static void assert_blob_equal(const struct tfab_wire_blob *a, const struct tfab_wire_blob *b)
@@ -586,6 +591,17 @@ static const uint8_t cancel_bytes[] = {
     0xff, 0xff, 0xff, 0x7f, /* req_index */
 };
 
+static const uint8_t taken_bytes[] = {
+    0x01, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x0e, 0x00, 0x00, 0x00, /* length 14 */
+    0x03, 0x00, 0x00, 0x00, /* seq */
+    0x00, 0x00, 0x00, 0x00, /* reserved */
+    0x01, 0x00, 0x10, 0x00, /* req_index: the first taken */
+    0x02, 0x00,		    /* two more */
+    0x02, 0x00, 0x20, 0x00, /* the second */
+    0xff, 0xff, 0xff, 0x7f, /* the third */
+};
+
 static void sample_request(struct tfab_wire_msg *m)
 {
 	memset(m, 0, sizeof(*m));
@@ -634,6 +650,18 @@ static void sample_cancel(struct tfab_wire_msg *m)
 	m->req_index = 0x7fffffff;
 }
 
+static const uint32_t sample_more[] = {0x200002, 0x7fffffff};
+
+static void sample_taken(struct tfab_wire_msg *m)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = TFAB_MSG_TAKEN;
+	m->seq = 3;
+	m->req_index = 0x100001;
+	m->ntaken = 3;
+	m->taken = sample_more;
+}
+
 static void check_known(const struct tfab_wire_msg *m, const uint8_t *bytes, size_t n)
 {
 	uint8_t slot[SLOT];
@@ -658,6 +686,8 @@ static void test_msg_known_bytes(void **state)
 	check_known(&m, meta_data_bytes, sizeof(meta_data_bytes));
 	sample_error(&m);
 	check_known(&m, error_bytes, sizeof(error_bytes));
+	sample_taken(&m);
+	check_known(&m, taken_bytes, sizeof(taken_bytes));
 	sample_cancel(&m);
 	check_known(&m, cancel_bytes, sizeof(cancel_bytes));
 }
@@ -819,6 +849,25 @@ static void test_cancel_round_trip(void **state)
 	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 4);
 }
 
+static void test_taken_round_trip(void **state)
+{
+	uint32_t more[TFAB_WIRE_MAX_TAKEN - 1];
+	struct tfab_wire_msg m;
+
+	(void)state;
+	sample_taken(&m);
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 6 + 8);
+	m.ntaken = 1;
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 6);
+	/* As many as a message holds, and it fits the smallest slot. */
+	for (unsigned i = 0; i < TFAB_WIRE_MAX_TAKEN - 1; i++)
+		more[i] = 0x40000000u + i;
+	m.ntaken = TFAB_WIRE_MAX_TAKEN;
+	m.taken = more;
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 6 + 4 * (TFAB_WIRE_MAX_TAKEN - 1));
+	assert_true(TFAB_WIRE_MSG_HDR + 6 + 4 * (TFAB_WIRE_MAX_TAKEN - 1) <= TFAB_WIRE_MIN_SLOT);
+}
+
 /* The largest message of each type fits the smallest slot. */
 static void test_largest_fits_min_slot(void **state)
 {
@@ -865,7 +914,7 @@ static void test_reject_header(void **state)
 	}
 	/* Unknown type. */
 	for (unsigned t = 0; t < 256; t++) {
-		if (t >= TFAB_MSG_TENSOR_REQUEST && t <= TFAB_MSG_CANCEL)
+		if (t >= TFAB_MSG_TENSOR_REQUEST && t <= TFAB_MSG_TAKEN)
 			continue;
 		memcpy(buf, cancel_bytes, sizeof(cancel_bytes));
 		buf[1] = (uint8_t)t;
@@ -1170,6 +1219,44 @@ static void test_reject_cancel(void **state)
 		raw_fix_len(&r);
 		expect_msg_reject(r.b, r.n, -TFAB_ERR_PROTOCOL);
 	}
+}
+
+/* A count beyond what a slot holds, or one the payload does not carry exactly. */
+static void test_reject_taken(void **state)
+{
+	struct raw r;
+	struct tfab_wire_msg m;
+	uint8_t slot[SLOT];
+	size_t len;
+
+	(void)state;
+	for (unsigned more = 0; more < 4; more++) {
+		for (unsigned have = 0; have < 4; have++) {
+			if (have == more)
+				continue;
+			raw_hdr(&r, TFAB_MSG_TAKEN, 0);
+			raw_fill(&r, 0x11, 4);
+			raw_fill(&r, (uint8_t)more, 1);
+			raw_fill(&r, 0, 1);
+			raw_fill(&r, 0x22, 4 * have);
+			raw_fix_len(&r);
+			expect_msg_reject(r.b, r.n, -TFAB_ERR_PROTOCOL);
+		}
+	}
+	/* 251 more would not fit a slot: refused even where the bytes are there. */
+	raw_hdr(&r, TFAB_MSG_TAKEN, 0);
+	raw_fill(&r, 0x11, 4);
+	raw_fill(&r, TFAB_WIRE_MAX_TAKEN & 0xff, 1);
+	raw_fill(&r, TFAB_WIRE_MAX_TAKEN >> 8, 1);
+	raw_fill(&r, 0x22, 4 * TFAB_WIRE_MAX_TAKEN);
+	raw_fix_len(&r);
+	expect_msg_reject(r.b, r.n, -TFAB_ERR_PROTOCOL);
+	/* And the encoder refuses none, or more than that. */
+	sample_taken(&m);
+	m.ntaken = 0;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.ntaken = TFAB_WIRE_MAX_TAKEN + 1;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
 }
 
 /* Cut anywhere short of its end, every message is refused: the header claims more. */
@@ -1512,6 +1599,8 @@ static void test_fuzz_messages(void **state)
 	add_seed(seeds, &count, &m);
 	sample_cancel(&m);
 	add_seed(seeds, &count, &m);
+	sample_taken(&m);
+	add_seed(seeds, &count, &m);
 
 	for (size_t it = 0; it < FUZZ_MSG_ITERS; it++) {
 		const struct seed *s = &seeds[rng_below(count)];
@@ -1697,6 +1786,7 @@ int main(void)
 	    cmocka_unit_test(test_meta_data_round_trip),
 	    cmocka_unit_test(test_error_round_trip),
 	    cmocka_unit_test(test_cancel_round_trip),
+	    cmocka_unit_test(test_taken_round_trip),
 	    cmocka_unit_test(test_largest_fits_min_slot),
 	    cmocka_unit_test(test_reject_header),
 	    cmocka_unit_test(test_reject_request),
@@ -1704,6 +1794,7 @@ int main(void)
 	    cmocka_unit_test(test_reject_string_meta),
 	    cmocka_unit_test(test_reject_error),
 	    cmocka_unit_test(test_reject_cancel),
+	    cmocka_unit_test(test_reject_taken),
 	    cmocka_unit_test(test_truncated),
 	    cmocka_unit_test(test_encode_invalid),
 	    cmocka_unit_test(test_encode_nospace),
