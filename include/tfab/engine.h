@@ -71,14 +71,36 @@ TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
 /*
  * Producer. Offers tensor t under (key, step_id); returns at once. The first receive of that
  * key and step, from any peer, takes it. t->data stays the caller's and must stay valid and
- * unchanged until cb reports that the reader is done (status 0), or that the send failed
- * (-TFAB_ERR_ABORTED after an abort or a step cleanup, -TFAB_ERR_PEER_FAILED, ...). A dead tensor
- * (is_dead) carries meta-data only. The tensor must be compact row-major on the CPU or in
- * CUDA host memory. A call that returns an error never calls cb.
+ * unchanged until cb reports that a receive took the tensor (status 0: the reader has it
+ * whole), or that the send failed (-TFAB_ERR_ABORTED after an abort or a step cleanup,
+ * -TFAB_ERR_PEER_FAILED when the peer it was being written to failed, ...). A receive that
+ * gave up (a timeout, a cleanup) never takes it: the tensor stays for a later receive. A dead
+ * tensor (is_dead) carries meta-data only. The tensor must be compact row-major on the CPU or
+ * in CUDA host or device memory. One (key, step) is offered once to any peer, or once to each
+ * of several peers (tfab_send_to): an overlapping send fails with -EEXIST. A call that returns
+ * an error never calls cb.
  */
 typedef void (*tfab_send_cb)(void *arg, int status);
 TFAB_EXPORT int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id,
 			  const DLTensor *t, bool is_dead, tfab_send_cb cb, void *arg);
+
+/*
+ * The same, for peer's receives alone: other peers' requests for (key, step) wait for a send
+ * of their own. One key can so feed several consumers, a tensor each. The send fails with the
+ * peer's status if that peer fails or is destroyed first.
+ */
+TFAB_EXPORT int tfab_send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			     int64_t step_id, const DLTensor *t, bool is_dead, tfab_send_cb cb,
+			     void *arg);
+
+/*
+ * Waits, at most timeout_ms (driving progress itself unless the progress thread does), until
+ * every send posted before the call has ended (taken, or failed) and none of them is read by
+ * the library any more: then a producer may free its tensors and leave. 0, or -ETIMEDOUT.
+ * Their callbacks have been queued; they run before this returns unless another thread is
+ * running the context's callbacks. Not from a send callback of this context (-EDEADLK).
+ */
+TFAB_EXPORT int tfab_flush(struct tfab_context *ctx, int timeout_ms);
 
 /*
  * Consumer: an asynchronous receive of (key, step_id) from peer, posted before or after the

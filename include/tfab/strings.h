@@ -53,6 +53,12 @@ TFAB_EXPORT int tfab_send_strings(struct tfab_context *ctx, const char *key, int
 				  const struct tfab_string_tensor *t, bool is_dead, tfab_send_cb cb,
 				  void *arg);
 
+/* The same for one peer's receives alone, as tfab_send_to. */
+TFAB_EXPORT int tfab_send_strings_to(struct tfab_context *ctx, struct tfab_peer *peer,
+				     const char *key, int64_t step_id,
+				     const struct tfab_string_tensor *t, bool is_dead,
+				     tfab_send_cb cb, void *arg);
+
 /*
  * Consumer: like tfab_recv with a library-allocated destination. cb gets the status, the
  * tensor (NULL on failure or when dead; the application frees it with

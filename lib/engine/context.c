@@ -26,6 +26,14 @@ void tfab__ctx_lock(struct tfab_context *ctx)
 	pthread_mutex_lock(&ctx->lock);
 }
 
+void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline)
+{
+	struct timespec ts = {.tv_sec = (time_t)(deadline / 1000),
+			      .tv_nsec = (long)(deadline % 1000) * 1000000};
+
+	pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts); /* ctx->cond is on CLOCK_MONOTONIC */
+}
+
 static bool callbacks_due(const struct tfab_context *ctx)
 {
 	return !tfab__list_empty(&ctx->done_reqs) || !tfab__list_empty(&ctx->done_sends);
@@ -232,6 +240,7 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	tfab__list_init(&ctx->staging);
 	tfab__list_init(&ctx->done_reqs);
 	tfab__list_init(&ctx->done_sends);
+	tfab__list_init(&ctx->sends_live);
 	ctx->listen_fd = -1;
 	rc = tfab__config_init(&ctx->cfg, err, sizeof(err));
 	if (rc) {
@@ -407,6 +416,48 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return 0;
+}
+
+/* Whether every send up to seq has settled (live sends are in posting order). */
+static bool flushed(struct tfab_context *ctx, uint64_t seq)
+{
+	return tfab__list_empty(&ctx->sends_live) ||
+	       tfab_container_of(ctx->sends_live.next, struct tfab_send, live_link)->seq > seq;
+}
+
+int tfab_flush(struct tfab_context *ctx, int timeout_ms)
+{
+	uint64_t deadline, seq;
+	int rc = 0;
+
+	if (!ctx || timeout_ms < 0)
+		return -EINVAL;
+	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	tfab__ctx_lock(ctx);
+	/* The sends of the callbacks being run are freed after them: waiting would never end. */
+	if (ctx->cb_depth && pthread_equal(ctx->cb_thread, pthread_self())) {
+		tfab__ctx_unlock(ctx);
+		return -EDEADLK;
+	}
+	seq = ctx->send_seq;
+	tfab__peers_flush(ctx);
+	while (!flushed(ctx, seq)) {
+		if (tfab__now_ms() >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		if (ctx->thread_running) {
+			ctx->flushers++;
+			tfab__cond_wait_until(ctx, deadline);
+			ctx->flushers--;
+		} else {
+			tfab__progress_locked(ctx);
+			tfab__ctx_unlock(ctx);
+			tfab__ctx_lock(ctx);
+		}
+	}
+	tfab__ctx_unlock(ctx);
+	return rc;
 }
 
 int tfab_mr_invalidate(struct tfab_context *ctx, const void *addr, size_t len)

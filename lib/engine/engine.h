@@ -82,6 +82,15 @@ struct tfab_peer {
 	uint32_t remote_slots, remote_slot_size;
 	struct tfab_htable meta;   /* struct tfab_meta_entry by key */
 	struct tfab_list requests; /* struct tfab_request, ours to this peer */
+	/*
+	 * The peer's requests we hold, by request index (struct tfab_response, inode): parked
+	 * ones, and those a send has answered with content (or a complete META_DATA) and whose
+	 * verdict, TAKEN or CANCEL, has not come.
+	 */
+	struct tfab_htable answers;
+	/* Our requests a receive completed: the next TAKEN message reports them. */
+	uint32_t *taken;
+	uint32_t ntaken, taken_cap;
 	unsigned users;		   /* in-flight writes to this peer not yet completed */
 	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
 };
@@ -135,12 +144,17 @@ struct tfab_request {
 enum tfab_send_state {
 	TFAB_SEND_WAITING = 1, /* offered, no matching request yet (or meta-data sent) */
 	TFAB_SEND_WRITING,     /* content write posted or queued */
+	TFAB_SEND_ANSWERED,    /* written (or complete from meta-data): the verdict is due */
 	TFAB_SEND_DONE,
 };
 
+struct tfab_send;
+
 /* A request a peer sent us that waits for its send (parked), or is being answered. */
 struct tfab_response {
-	struct tfab_hnode node; /* ctx->parked by (key, step) */
+	struct tfab_hnode node;	 /* ctx->parked by (key, step), while parked */
+	struct tfab_hnode inode; /* peer->answers by req_index, while parked or answered */
+	struct tfab_send *send;	 /* the send answering it, or NULL while parked */
 	struct tfab_peer *peer;
 	uint32_t req_index;
 	uint16_t flags;
@@ -157,6 +171,9 @@ struct tfab_send {
 	struct tfab_hnode node;	    /* ctx->sends by (key, step) */
 	struct tfab_list link;	    /* ctx->writes_pending while queued for -EAGAIN */
 	struct tfab_list done_link; /* ctx->done */
+	struct tfab_list live_link; /* ctx->sends_live until it no longer reads data */
+	uint64_t seq;		    /* in posting order, for tfab_flush */
+	struct tfab_peer *to;	    /* the one peer it is for, or NULL for any */
 	int64_t step;
 	uint16_t key_len;
 	char key[TFAB_MAX_KEY + 1];
@@ -168,6 +185,10 @@ struct tfab_send {
 	enum tfab_send_state state;
 	bool in_flight; /* a content write is posted and not completed */
 	bool orphan;	/* failed while in flight: freed when the write completes */
+	bool taken;	/* TAKEN came before the write's completion */
+	bool cancelled; /* CANCEL came while writing: offered again once the write is done */
+	bool tracked;	/* resp is in its peer's answers */
+	int write_err;	/* the first failure among the writes of this answer */
 	/* A GPU source through a host proxy (data is on the GPU, mr the proxy's region). */
 	bool gpu;
 	void *proxy;
@@ -207,6 +228,9 @@ struct tfab_context {
 	bool cuda_tried;		 /* tfab__cuda_open ran (at the first GPU tensor) */
 	struct tfab_list done_reqs;	 /* requests whose callbacks are due */
 	struct tfab_list done_sends;	 /* sends whose callbacks are due */
+	struct tfab_list sends_live;	 /* sends not yet settled, in posting order */
+	uint64_t send_seq;		 /* the last send's seq */
+	unsigned flushers;		 /* threads in tfab_flush waiting on cond */
 	uint64_t orphans;		 /* failed sends whose writes are still in flight */
 	int abort_status;
 	int listen_fd;
@@ -218,7 +242,8 @@ struct tfab_context {
 	/* The thread running callbacks (see tfab__ctx_unlock), while cb_depth > 0. */
 	pthread_t cb_thread;
 	unsigned cb_depth;   /* its nested deliveries */
-	pthread_cond_t cond; /* broadcast when a blocking receive's request ends */
+	pthread_cond_t cond; /* broadcast when a blocking receive's request ends, or a send
+				settles while someone flushes */
 };
 
 /* context.c */
@@ -226,6 +251,8 @@ void tfab__ctx_lock(struct tfab_context *ctx);
 /* Drops the lock, then runs every callback that became due, unless another thread does. */
 void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
+/* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */
+void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline);
 
 /* peer.c */
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
@@ -237,6 +264,8 @@ void tfab__peer_fail(struct tfab_peer *peer, int status);
 int tfab__peer_write_status(struct tfab_peer *peer, int status);
 void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
+/* Our receive of the peer's request completed: a TAKEN tells the peer (peers_flush sends it). */
+int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index);
 void tfab__peers_flush(struct tfab_context *ctx);
 void tfab__peers_check_liveness(struct tfab_context *ctx);
 void tfab__peer_free(struct tfab_peer *peer);
@@ -261,6 +290,8 @@ void tfab__request_release(struct tfab_request *r);
 /* send.c */
 void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index);
+/* The peer's receive took what we wrote for its request: the send is delivered. */
+void tfab__send_on_taken(struct tfab_peer *peer, uint32_t req_index);
 void tfab__send_on_write_done(struct tfab_send *s, int status);
 void tfab__sends_retry(struct tfab_context *ctx);
 /* Write the chunks of GPU sends whose copies to host memory finished. */
@@ -270,10 +301,11 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
 /*
- * Offer data with meta under (key, step). With pool_mr, data is a pool block (pool_mr its
- * region) that the send owns from here on, even when this fails.
+ * Offer data with meta under (key, step), to peer `to` alone or (NULL) to any. With pool_mr,
+ * data is a pool block (pool_mr its region) that the send owns from here on, even when this
+ * fails.
  */
-int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step,
+int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key, int64_t step,
 		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
 		     bool gpu, tfab_send_cb cb, void *arg);
 /* Free a finished send and what it owns. */

@@ -75,6 +75,8 @@ void tfab__peer_free(struct tfab_peer *peer)
 		}
 		tfab__htable_fini(&peer->meta);
 	}
+	tfab__htable_fini(&peer->answers); /* its entries belong to sends and parked requests */
+	free(peer->taken);
 	if (peer->conn)
 		ctx->ops->disconnect(peer->conn);
 	ctx->ops->mr_dereg(peer->inbox_mr);
@@ -104,6 +106,8 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 	tfab__list_init(&peer->pending);
 	tfab__list_init(&peer->requests);
 	rc = tfab__htable_init(&peer->meta, 64);
+	if (rc == 0)
+		rc = tfab__htable_init(&peer->answers, 64);
 	if (rc)
 		goto err;
 	rc = -ENOMEM;
@@ -455,6 +459,42 @@ static void peer_flush(struct tfab_peer *peer)
 	}
 }
 
+int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index)
+{
+	if (peer->ntaken == peer->taken_cap) {
+		uint32_t cap = peer->taken_cap ? peer->taken_cap * 2 : 64;
+		uint32_t *t = realloc(peer->taken, cap * sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		peer->taken = t;
+		peer->taken_cap = cap;
+	}
+	peer->taken[peer->ntaken++] = req_index;
+	return 0;
+}
+
+/* The receives completed since the last flush, as TAKEN messages of up to 251 each. */
+static void peer_send_taken(struct tfab_peer *peer)
+{
+	uint32_t done = 0;
+
+	while (done < peer->ntaken && !peer->failed) {
+		uint32_t n = peer->ntaken - done;
+		struct tfab_wire_msg m = {.type = TFAB_MSG_TAKEN};
+
+		if (n > TFAB_WIRE_MAX_TAKEN)
+			n = TFAB_WIRE_MAX_TAKEN;
+		m.req_index = peer->taken[done];
+		m.ntaken = (uint16_t)n;
+		m.taken = peer->taken + done + 1;
+		if (tfab__peer_send_msg(peer, &m))
+			break; /* the peer failed, and with it what waited for this */
+		done += n;
+	}
+	peer->ntaken = 0;
+}
+
 /* Credits back for what we consumed, as a zero-length write carrying the count. */
 static void peer_return_credits(struct tfab_peer *peer)
 {
@@ -495,6 +535,8 @@ void tfab__peers_flush(struct tfab_context *ctx)
 	{
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
 
+		if (peer->ntaken && peer->connected)
+			peer_send_taken(peer);
 		peer_flush(peer);
 		peer_return_credits(peer);
 	}
@@ -560,6 +602,10 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 		break;
 	case TFAB_MSG_CANCEL:
 		tfab__send_on_cancel(peer, m.req_index);
+		break;
+	case TFAB_MSG_TAKEN:
+		for (unsigned i = 0; i < m.ntaken && !peer->failed; i++)
+			tfab__send_on_taken(peer, tfab__wire_taken_at(&m, i));
 		break;
 	case TFAB_MSG_META_DATA:
 	case TFAB_MSG_ERROR:

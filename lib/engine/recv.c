@@ -230,47 +230,72 @@ static int request_send(struct tfab_request *r, bool rerequest)
 	return tfab__peer_send_msg(r->peer, &m);
 }
 
+/*
+ * The sender answered r (content, or meta-data that completes it) and waits for our verdict:
+ * a receive that succeeds took the tensor (TAKEN); one that fails here after all leaves it to
+ * a later receive (CANCEL).
+ */
+static void request_answered(struct tfab_request *r, int status)
+{
+	struct tfab_peer *peer = r->peer;
+
+	if (status == 0) {
+		request_done(r, 0);
+		return;
+	}
+	if (!peer->failed) {
+		struct tfab_wire_msg m = {.type = TFAB_MSG_CANCEL, .req_index = r->index};
+
+		tfab__peer_send_msg(peer, &m);
+		if (r->state == TFAB_REQ_DONE)
+			return; /* the send failed the peer, and the peer this request */
+	}
+	request_done(r, status);
+}
+
 static void request_complete(struct tfab_request *r, uint64_t nbytes)
 {
 	struct tfab_context *ctx = r->ctx;
 	struct tfab_meta_entry *e = tfab__peer_meta_find(r->peer, r->key, r->key_len);
+	bool queued;
+	int rc;
 
 	/* A caller's layout the sender confirmed by writing is the key's meta-data now. */
 	if (!e || !tfab__wire_meta_equal(&e->meta, &r->meta))
 		tfab__peer_meta_store(r->peer, r->key, r->key_len, &r->meta);
 
-	ctx->stats.requests++;
 	ctx->stats.bytes_received += nbytes;
 	r->is_dead = r->meta.is_dead;
-	if (r->gpu_dest && nbytes) {
-		int rc = tfab__cuda_copy(ctx->cuda, r->gpu_dest, r->dest, nbytes, true);
-
+	/* The verdict first: past this point the receive cannot fail for want of room for it. */
+	rc = tfab__peer_taken(r->peer, r->index);
+	queued = rc == 0;
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "receive of '%s': no memory for its verdict", r->key);
+	} else if (r->gpu_dest && nbytes) {
+		rc = tfab__cuda_copy(ctx->cuda, r->gpu_dest, r->dest, nbytes, true);
 		ctx->stats.bytes_copied += nbytes;
-		dest_release(r, false);
-		request_done(r, rc);
-		return;
-	}
-	if (r->strings) {
-		int rc = tfab__strings_complete(r, r->dest, nbytes);
-
-		dest_release(r, false);
-		request_done(r, rc);
-		return;
-	}
-	if (!r->user_dest && !r->is_dead) {
+	} else if (r->strings) {
+		rc = tfab__strings_complete(r, r->dest, nbytes);
+	} else if (!r->user_dest && !r->is_dead) {
 		r->out = tfab__managed_new(ctx, &r->meta, r->dest_pool ? r->dest : NULL);
-		if (!r->out) {
-			dest_release(r, false);
-			request_done(r, -ENOMEM);
-			return;
+		if (r->out) {
+			/* The managed tensor owns the block now. */
+			r->dest = NULL;
+			r->dest_mr = NULL;
+			r->dest_pool = false;
+		} else {
+			rc = -ENOMEM;
 		}
-		/* The managed tensor owns the block now. */
-		r->dest = NULL;
-		r->dest_mr = NULL;
-		r->dest_pool = false;
 	}
+	if (rc == 0)
+		ctx->stats.requests++;
+	else if (queued)
+		r->peer->ntaken--; /* not taken after all: still the last one queued */
+	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u: %s (%llu bytes)", r->key,
+		   (long long)r->step, r->peer->id, rc ? tfab_strerror(rc) : "done",
+		   (unsigned long long)nbytes);
 	dest_release(r, false);
-	request_done(r, 0);
+	request_answered(r, rc);
 }
 
 void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len)
@@ -312,7 +337,8 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		TFAB_ERROR(SUBSYS, "receive of '%s' step %lld: the sender has a %s tensor: use %s",
 			   r->key, (long long)r->step, r->strings ? "DLPack" : "string",
 			   r->strings ? "tfab_recv" : "tfab_recv_strings");
-		tfab__request_fail(r, -EPROTOTYPE, false);
+		/* Our cancel leaves the send to a receive of the right kind. */
+		tfab__request_fail(r, -EPROTOTYPE, true);
 		return;
 	}
 	rc = tfab__peer_meta_store(peer, r->key, r->key_len, &m->meta);
@@ -443,15 +469,6 @@ int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 	return tfab__recv_post(ctx, peer, key, step_id, dest, cb, NULL, arg);
 }
 
-/* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */
-static void cond_wait_until(struct tfab_context *ctx, uint64_t deadline)
-{
-	struct timespec ts = {.tv_sec = (time_t)(deadline / 1000),
-			      .tv_nsec = (long)(deadline % 1000) * 1000000};
-
-	pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts); /* ctx->cond is on CLOCK_MONOTONIC */
-}
-
 int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
 		    DLTensor *dest, bool strings, int timeout_ms, DLManagedTensor **tensor_p,
 		    struct tfab_string_tensor **strings_p, bool *is_dead_p)
@@ -479,7 +496,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 		}
 		/* In a callback on the progress thread, no other thread drives progress. */
 		if (ctx->thread_running && !pthread_equal(pthread_self(), ctx->progress_thread)) {
-			cond_wait_until(ctx, deadline);
+			tfab__cond_wait_until(ctx, deadline);
 		} else {
 			tfab__progress_locked(ctx);
 			/* Let other threads in, and run the callbacks that became due. */

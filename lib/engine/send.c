@@ -22,14 +22,23 @@ uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step)
 	return tfab__hash_bytes(&step, sizeof(step), tfab__hash_bytes(key, key_len, 0));
 }
 
+static uint64_t index_hash(uint32_t req_index)
+{
+	return (uint64_t)req_index * 0x9e3779b97f4a7c15ull;
+}
+
 static bool same_key(const char *a, uint16_t alen, int64_t astep, const char *b, uint16_t blen,
 		     int64_t bstep)
 {
 	return astep == bstep && alen == blen && memcmp(a, b, alen) == 0;
 }
 
-static struct tfab_send *send_find(struct tfab_context *ctx, const char *key, uint16_t key_len,
-				   int64_t step)
+/*
+ * The send of (key, step) that a request from peer may take: one for any peer, or for that
+ * one (at most one matches: tfab__send_start refuses overlaps).
+ */
+static struct tfab_send *send_match(struct tfab_context *ctx, const char *key, uint16_t key_len,
+				    int64_t step, const struct tfab_peer *peer)
 {
 	uint64_t h = tfab__send_hash(key, key_len, step);
 
@@ -37,14 +46,33 @@ static struct tfab_send *send_find(struct tfab_context *ctx, const char *key, ui
 	     n = tfab__htable_next(n, h)) {
 		struct tfab_send *s = tfab_container_of(n, struct tfab_send, node);
 
-		if (same_key(s->key, s->key_len, s->step, key, key_len, step))
+		if (same_key(s->key, s->key_len, s->step, key, key_len, step) &&
+		    (!s->to || s->to == peer))
 			return s;
 	}
 	return NULL;
 }
 
+/* Whether a send of (key, step) for `to` would overlap one already offered. */
+static bool send_overlaps(struct tfab_context *ctx, const char *key, uint16_t key_len, int64_t step,
+			  const struct tfab_peer *to)
+{
+	uint64_t h = tfab__send_hash(key, key_len, step);
+
+	for (struct tfab_hnode *n = tfab__htable_first(&ctx->sends, h); n;
+	     n = tfab__htable_next(n, h)) {
+		struct tfab_send *s = tfab_container_of(n, struct tfab_send, node);
+
+		if (same_key(s->key, s->key_len, s->step, key, key_len, step) &&
+		    (!s->to || !to || s->to == to))
+			return true;
+	}
+	return false;
+}
+
+/* The oldest parked request for (key, step) that a send for `to` (NULL: any) may take. */
 static struct tfab_response *parked_find(struct tfab_context *ctx, const char *key,
-					 uint16_t key_len, int64_t step)
+					 uint16_t key_len, int64_t step, const struct tfab_peer *to)
 {
 	uint64_t h = tfab__send_hash(key, key_len, step);
 	struct tfab_response *found = NULL;
@@ -54,10 +82,50 @@ static struct tfab_response *parked_find(struct tfab_context *ctx, const char *k
 	     n = tfab__htable_next(n, h)) {
 		struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
 
-		if (same_key(p->key, p->key_len, p->step, key, key_len, step))
+		if (same_key(p->key, p->key_len, p->step, key, key_len, step) &&
+		    (!to || p->peer == to))
 			found = p;
 	}
 	return found;
+}
+
+/* A request of peer's we hold (parked, or answered and waiting for its verdict). */
+static struct tfab_response *answer_find(struct tfab_peer *peer, uint32_t req_index)
+{
+	uint64_t h = index_hash(req_index);
+
+	for (struct tfab_hnode *n = tfab__htable_first(&peer->answers, h); n;
+	     n = tfab__htable_next(n, h)) {
+		struct tfab_response *q = tfab_container_of(n, struct tfab_response, inode);
+
+		if (q->req_index == req_index)
+			return q;
+	}
+	return NULL;
+}
+
+static void parked_free(struct tfab_context *ctx, struct tfab_response *p)
+{
+	tfab__htable_remove(&ctx->parked, &p->node);
+	tfab__htable_remove(&p->peer->answers, &p->inode);
+	free(p);
+}
+
+/* The send answers s->resp with content or a complete META_DATA: the verdict will name it. */
+static int track(struct tfab_send *s)
+{
+	struct tfab_response *q = &s->resp;
+	int rc = tfab__htable_insert(&q->peer->answers, &q->inode, index_hash(q->req_index));
+
+	s->tracked = rc == 0;
+	return rc;
+}
+
+static void untrack(struct tfab_send *s)
+{
+	if (s->tracked)
+		tfab__htable_remove(&s->resp.peer->answers, &s->resp.inode);
+	s->tracked = false;
 }
 
 static void reply_error(struct tfab_peer *peer, uint32_t req_index, int status, const char *why)
@@ -74,12 +142,7 @@ static void reply_error(struct tfab_peer *peer, uint32_t req_index, int status, 
 		tfab__peer_send_msg(peer, &m);
 }
 
-/*
- * Take s out of the table and queue its callback. A send failed while its write is in
- * flight stays allocated until the write completes (see tfab__ctx_unlock and
- * tfab__send_on_write_done); its registration is released then.
- */
-/* Wait for a GPU send's copies into its proxy: the block must not be freed under them. */
+/* A GPU send's copies into its proxy end before the block may be reused or freed. */
 static void stage_drain(struct tfab_context *ctx, struct tfab_send *s)
 {
 	for (uint32_t i = 0; i < s->nchunks; i++) {
@@ -90,6 +153,19 @@ static void stage_drain(struct tfab_context *ctx, struct tfab_send *s)
 	tfab__list_del(&s->stage_link);
 }
 
+/* The send no longer reads its data: tfab_flush may stop waiting for it. */
+static void send_settle(struct tfab_context *ctx, struct tfab_send *s)
+{
+	tfab__list_del(&s->live_link);
+	if (ctx->flushers)
+		pthread_cond_broadcast(&ctx->cond);
+}
+
+/*
+ * Take s out of the table and queue its callback. A send failed while its write is in
+ * flight stays allocated until the write completes (see tfab__ctx_unlock and
+ * tfab__send_on_write_done); its registration is released then.
+ */
 static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int status)
 {
 	if (s->state == TFAB_SEND_DONE)
@@ -97,6 +173,7 @@ static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int statu
 	tfab__htable_remove(&ctx->sends, &s->node);
 	tfab__list_del(&s->link);
 	stage_drain(ctx, s);
+	untrack(s);
 	s->state = TFAB_SEND_DONE;
 	s->status = status;
 	if (status == 0)
@@ -105,6 +182,10 @@ static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int statu
 		tfab__mr_cache_put(ctx->mr_cache, s->mr);
 		s->mr = NULL;
 	}
+	if (!s->in_flight)
+		send_settle(ctx, s);
+	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld ended: %s", s->key, (long long)s->step,
+		   tfab_strerror(status));
 	tfab__list_add_tail(&ctx->done_sends, &s->done_link);
 }
 
@@ -119,6 +200,43 @@ void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s)
 	free(s);
 }
 
+static void answer(struct tfab_context *ctx, struct tfab_send *s);
+
+/* Move a parked request into s->resp; s answers it next. */
+static void take_parked(struct tfab_context *ctx, struct tfab_send *s, struct tfab_response *p)
+{
+	tfab__htable_remove(&ctx->parked, &p->node);
+	tfab__htable_remove(&p->peer->answers, &p->inode);
+	s->resp = *p;
+	s->resp.send = s;
+	free(p);
+}
+
+/*
+ * The request s answered was given up by the receiver (a CANCEL, or a destination it no longer
+ * lets us write): s waits again, for a later request or one already parked.
+ */
+static void send_reoffer(struct tfab_context *ctx, struct tfab_send *s)
+{
+	struct tfab_response *p;
+
+	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld: peer %u gave up request %#x; offered again",
+		   s->key, (long long)s->step, s->resp.peer->id, s->resp.req_index);
+	untrack(s);
+	if (s->mr && !s->data_pool && !s->gpu) {
+		tfab__mr_cache_put(ctx->mr_cache, s->mr);
+		s->mr = NULL;
+	}
+	s->state = TFAB_SEND_WAITING;
+	s->taken = s->cancelled = false;
+	s->write_err = 0;
+	p = parked_find(ctx, s->key, s->key_len, s->step, s->to);
+	if (p) {
+		take_parked(ctx, s, p);
+		answer(ctx, s);
+	}
+}
+
 static int post_content(struct tfab_context *ctx, struct tfab_send *s)
 {
 	struct tfab_peer *peer = s->resp.peer;
@@ -130,6 +248,9 @@ static int post_content(struct tfab_context *ctx, struct tfab_send *s)
 	if (rc == 0) {
 		s->in_flight = true;
 		peer->users++;
+		TFAB_TRACE(SUBSYS, "write of '%s' step %lld: %llu bytes to peer %u, request %#x",
+			   s->key, (long long)s->step, (unsigned long long)s->meta.nbytes, peer->id,
+			   s->resp.req_index);
 	}
 	return rc;
 }
@@ -176,13 +297,14 @@ static int stage_start(struct tfab_context *ctx, struct tfab_send *s)
  * once they have all completed, a zero-length write with the request index: it completes the
  * receive, lands after the content even where the fabric does not order writes, and reports
  * no length that the receiver could mistake for the tensor's. A negative status fails s.
+ * Nothing more is posted once the request was cancelled or a chunk failed.
  */
 static int stage_post(struct tfab_context *ctx, struct tfab_send *s)
 {
 	struct tfab_peer *peer = s->resp.peer;
 	uint64_t chunk = ctx->cfg.cuda_chunk, n = s->meta.nbytes;
 
-	while (s->posted <= s->nchunks) {
+	while (s->posted <= s->nchunks && !s->cancelled && !s->write_err) {
 		uint32_t i = s->posted;
 		bool last = i == s->nchunks;
 		uint64_t off = last ? 0 : (uint64_t)i * chunk;
@@ -216,6 +338,14 @@ static int stage_post(struct tfab_context *ctx, struct tfab_send *s)
 	return 0;
 }
 
+static void writes_settled(struct tfab_context *ctx, struct tfab_send *s);
+
+/* Whether a GPU send has nothing more to post and nothing in flight. */
+static bool stage_over(const struct tfab_send *s)
+{
+	return s->writes_out == 0 && (s->posted > s->nchunks || s->cancelled || s->write_err);
+}
+
 void tfab__sends_stage(struct tfab_context *ctx)
 {
 	struct tfab_list *l, *t;
@@ -231,6 +361,10 @@ void tfab__sends_stage(struct tfab_context *ctx)
 			send_finish(ctx, s, rc);
 		} else if (s->posted > s->nchunks) {
 			tfab__list_del(&s->stage_link);
+		} else if (stage_over(s)) {
+			/* Cancelled before its first write, or stopped by a failed chunk. */
+			stage_drain(ctx, s);
+			writes_settled(ctx, s);
 		}
 	}
 }
@@ -246,19 +380,15 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
 	    q->dest_capacity >= s->meta.nbytes && !no_content) {
 		s->state = TFAB_SEND_WRITING;
-		if (s->gpu) {
+		rc = track(s);
+		if (rc == 0 && s->gpu)
 			rc = stage_start(ctx, s);
-			if (rc) {
-				reply_error(peer, q->req_index, rc,
-					    "the sender could not stage its GPU tensor");
-				send_finish(ctx, s, rc);
-			}
-			return;
-		}
-		rc = s->data_pool ? 0
-				  : tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes,
-						       TFAB_MR_LOCAL_WRITE, &s->mr);
-		if (rc == 0) {
+		else if (rc == 0)
+			rc = s->data_pool
+				 ? 0
+				 : tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes,
+						      TFAB_MR_LOCAL_WRITE, &s->mr);
+		if (rc == 0 && !s->gpu) {
 			rc = post_content(ctx, s);
 			if (rc == -EAGAIN) {
 				tfab__list_add_tail(&ctx->writes_pending, &s->link);
@@ -267,7 +397,8 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 		}
 		if (rc) {
 			reply_error(peer, q->req_index, rc,
-				    "the sender could not write the tensor");
+				    s->gpu ? "the sender could not stage its GPU tensor"
+					   : "the sender could not write the tensor");
 			send_finish(ctx, s, rc);
 		}
 		return;
@@ -280,15 +411,19 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 	    .flags = no_content ? TFAB_MSGF_COMPLETE : 0,
 	};
 
+	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld: meta-data to peer %u for request %#x%s", s->key,
+		   (long long)s->step, peer->id, q->req_index,
+		   no_content ? " (complete: no content)" : "");
 	rc = tfab__peer_send_msg(peer, &m);
-	if (rc) {
-		send_finish(ctx, s, rc);
-		return;
-	}
-	if (no_content)
-		send_finish(ctx, s, 0);
-	else
+	if (rc == 0 && no_content) {
+		/* Delivered once the receive takes it, like content. */
+		s->state = TFAB_SEND_ANSWERED;
+		rc = track(s);
+	} else if (rc == 0) {
 		s->state = TFAB_SEND_WAITING;
+	}
+	if (rc)
+		send_finish(ctx, s, rc);
 }
 
 static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct tfab_wire_msg *m)
@@ -309,11 +444,20 @@ static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct 
 	p->meta = m->meta;
 	p->key_len = m->key_len;
 	memcpy(p->key, m->key, m->key_len);
-	if (tfab__htable_insert(&ctx->parked, &p->node,
-				tfab__send_hash(p->key, p->key_len, p->step))) {
+	if (tfab__htable_insert(&peer->answers, &p->inode, index_hash(p->req_index))) {
 		free(p);
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
+		return;
 	}
+	if (tfab__htable_insert(&ctx->parked, &p->node,
+				tfab__send_hash(p->key, p->key_len, p->step))) {
+		tfab__htable_remove(&peer->answers, &p->inode);
+		free(p);
+		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
+		return;
+	}
+	TFAB_DEBUG(SUBSYS, "request %#x of peer %u for '%.*s' step %lld parked: no send yet",
+		   p->req_index, peer->id, (int)p->key_len, p->key, (long long)p->step);
 }
 
 void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m)
@@ -321,16 +465,26 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 	struct tfab_context *ctx = peer->ctx;
 	struct tfab_send *s;
 
+	TFAB_DEBUG(SUBSYS, "request %#x of peer %u for '%.*s' step %lld%s", m->req_index, peer->id,
+		   (int)m->key_len, (const char *)m->key, (long long)m->step_id,
+		   (m->flags & TFAB_MSGF_REREQUEST) ? " (again, after meta-data)" : "");
 	if (ctx->abort_status) {
 		reply_error(peer, m->req_index, ctx->abort_status, "the sender aborted");
 		return;
 	}
-	s = send_find(ctx, (const char *)m->key, m->key_len, m->step_id);
+	if (answer_find(peer, m->req_index)) {
+		TFAB_ERROR(SUBSYS, "peer %u: request %#x is already being answered", peer->id,
+			   m->req_index);
+		tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
+		return;
+	}
+	s = send_match(ctx, (const char *)m->key, m->key_len, m->step_id, peer);
 	if (!s || s->state != TFAB_SEND_WAITING) {
 		park(ctx, peer, m);
 		return;
 	}
 	s->resp.peer = peer;
+	s->resp.send = s;
 	s->resp.req_index = m->req_index;
 	s->resp.flags = m->flags;
 	s->resp.step = m->step_id;
@@ -344,18 +498,95 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index)
 {
 	struct tfab_context *ctx = peer->ctx;
+	struct tfab_response *q = answer_find(peer, req_index);
+	struct tfab_send *s;
 
-	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
-		for (struct tfab_hnode *n = ctx->parked.buckets[i]; n; n = n->next) {
-			struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
-
-			if (p->peer == peer && p->req_index == req_index) {
-				tfab__htable_remove(&ctx->parked, n);
-				free(p);
-				return;
-			}
-		}
+	TFAB_DEBUG(SUBSYS, "peer %u cancelled request %#x%s", peer->id, req_index,
+		   !q	      ? " (not held here)"
+		   : !q->send ? " (parked)"
+			      : "");
+	if (!q)
+		return;
+	if (!q->send) {
+		parked_free(ctx, q);
+		return;
 	}
+	s = q->send;
+	if (s->state == TFAB_SEND_ANSWERED) {
+		send_reoffer(ctx, s);
+	} else if (!s->gpu && !s->in_flight) {
+		/* Queued behind -EAGAIN, never posted. */
+		tfab__list_del(&s->link);
+		send_reoffer(ctx, s);
+	} else {
+		/* Offered again once what is posted has completed (see writes_settled). */
+		s->cancelled = true;
+	}
+}
+
+void tfab__send_on_taken(struct tfab_peer *peer, uint32_t req_index)
+{
+	struct tfab_context *ctx = peer->ctx;
+	struct tfab_response *q = answer_find(peer, req_index);
+
+	if (q && !q->send) {
+		TFAB_ERROR(SUBSYS, "peer %u: TAKEN for request %#x, which was never answered",
+			   peer->id, req_index);
+		tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
+		return;
+	}
+	if (!q) {
+		TFAB_DEBUG(SUBSYS, "peer %u took request %#x, which no send waits for", peer->id,
+			   req_index);
+		return;
+	}
+	TFAB_DEBUG(SUBSYS, "peer %u took '%s' step %lld (request %#x)", peer->id, q->send->key,
+		   (long long)q->send->step, req_index);
+	if (q->send->state == TFAB_SEND_ANSWERED)
+		send_finish(ctx, q->send, 0);
+	else
+		q->send->taken = true; /* finished when its write completes */
+}
+
+/*
+ * Every write of s has completed (one, or a GPU send's chunks), with s->write_err the first
+ * failure: the send waits for its verdict, is offered again, or ends.
+ */
+static void writes_settled(struct tfab_context *ctx, struct tfab_send *s)
+{
+	struct tfab_peer *peer = s->resp.peer;
+	int status = s->write_err;
+
+	if (status) {
+		status = tfab__peer_write_status(peer, status);
+		if (status == -TFAB_ERR_PEER_FAILED) {
+			tfab__peer_fail(peer, status); /* ends s too */
+			return;
+		}
+		/*
+		 * A destination the receiver no longer lets us write: it gave the request up,
+		 * and its CANCEL is on the way. The tensor stays for a later receive.
+		 */
+		if (s->cancelled || status == -TFAB_ERR_REMOTE_ACCESS) {
+			TFAB_DEBUG(SUBSYS, "writing '%s' step %lld to peer %u failed: %s", s->key,
+				   (long long)s->step, peer->id, tfab_strerror(status));
+			reply_error(peer, s->resp.req_index, status, "the content write failed");
+			send_reoffer(ctx, s);
+			return;
+		}
+		TFAB_WARN(SUBSYS, "writing '%s' step %lld to peer %u failed: %s", s->key,
+			  (long long)s->step, peer->id, tfab_strerror(status));
+		reply_error(peer, s->resp.req_index, status, "the content write failed");
+		send_finish(ctx, s, status);
+		return;
+	}
+	ctx->stats.bytes_sent += s->meta.nbytes;
+	if (s->taken)
+		send_finish(ctx, s, 0);
+	else if (s->cancelled)
+		send_reoffer(ctx, s);
+	else
+		s->state = TFAB_SEND_ANSWERED;
 }
 
 void tfab__send_on_write_done(struct tfab_send *s, int status)
@@ -364,43 +595,36 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 	struct tfab_context *ctx = peer->ctx;
 
 	peer->users--;
+	if (status && !s->write_err)
+		s->write_err = status;
 	if (s->gpu) {
-		/* One of several chunk writes: the send ends with the last of them. */
+		/* One of several chunk writes: the send goes on with the last of them. */
 		s->writes_out--;
 		s->in_flight = s->writes_out != 0;
-		if (s->state == TFAB_SEND_DONE) {
-			if (s->orphan && !s->in_flight) {
-				ctx->orphans--;
-				tfab__send_free(ctx, s);
-			}
-			return;
-		}
-		if (status == 0 && (s->posted <= s->nchunks || s->in_flight))
-			return;
 	} else {
 		s->in_flight = false;
-		if (s->state == TFAB_SEND_DONE) {
-			/* Failed while in flight: its callback has run (orphan) or is queued. */
-			if (s->mr && !s->data_pool) {
-				tfab__mr_cache_put(ctx->mr_cache, s->mr);
-				s->mr = NULL;
-			}
-			if (s->orphan) {
-				ctx->orphans--;
-				tfab__send_free(ctx, s);
-			}
+	}
+	if (s->state == TFAB_SEND_DONE) {
+		/* Failed while in flight: its callback has run (orphan) or is queued. */
+		if (s->in_flight)
 			return;
+		if (s->mr && !s->data_pool && !s->gpu) {
+			tfab__mr_cache_put(ctx->mr_cache, s->mr);
+			s->mr = NULL;
 		}
+		send_settle(ctx, s);
+		if (s->orphan) {
+			ctx->orphans--;
+			tfab__send_free(ctx, s);
+		}
+		return;
 	}
-	if (status) {
-		status = tfab__peer_write_status(peer, status);
-		TFAB_WARN(SUBSYS, "writing '%s' step %lld failed: %s", s->key, (long long)s->step,
-			  tfab_strerror(status));
-		reply_error(peer, s->resp.req_index, status, "the content write failed");
-	} else {
-		ctx->stats.bytes_sent += s->meta.nbytes;
+	if (s->gpu) {
+		if (!stage_over(s))
+			return;
+		stage_drain(ctx, s);
 	}
-	send_finish(ctx, s, status);
+	writes_settled(ctx, s);
 }
 
 void tfab__sends_retry(struct tfab_context *ctx)
@@ -421,7 +645,7 @@ void tfab__sends_retry(struct tfab_context *ctx)
 	}
 }
 
-/* Every send and parked request matching the filter. */
+/* Every send matching the filter ends with status. */
 static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_send *, void *),
 			   void *arg, int status)
 {
@@ -438,20 +662,19 @@ static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_s
 	}
 }
 
-struct peer_filter {
-	struct tfab_peer *peer;
-};
-
-static bool writing_to(struct tfab_send *s, void *arg)
+/* Sends answering the peer, and those for it alone. */
+static bool bound_to(struct tfab_send *s, void *arg)
 {
-	return s->state == TFAB_SEND_WRITING && s->resp.peer == ((struct peer_filter *)arg)->peer;
+	struct tfab_peer *peer = arg;
+
+	return ((s->state == TFAB_SEND_WRITING || s->state == TFAB_SEND_ANSWERED) &&
+		s->resp.peer == peer) ||
+	       s->to == peer;
 }
 
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status)
 {
-	struct peer_filter f = {peer};
-
-	sends_for_each(ctx, writing_to, &f, status);
+	sends_for_each(ctx, bound_to, peer, status);
 	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
 		struct tfab_hnode *n = ctx->parked.buckets[i], *next;
 
@@ -459,10 +682,8 @@ void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int
 			struct tfab_response *p = tfab_container_of(n, struct tfab_response, node);
 
 			next = n->next;
-			if (p->peer == peer) {
-				tfab__htable_remove(&ctx->parked, n);
-				free(p);
-			}
+			if (p->peer == peer)
+				parked_free(ctx, p);
 		}
 	}
 }
@@ -476,8 +697,8 @@ static bool of_step(struct tfab_send *s, void *arg)
 {
 	struct step_filter *f = arg;
 
-	/* A write already posted finishes on its own; everything else fails now. */
-	return (f->all || s->step == f->step) && !s->in_flight;
+	/* A send whose write is in flight ends too: it is freed when the write completes. */
+	return f->all || s->step == f->step;
 }
 
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status)
@@ -488,7 +709,7 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 	sends_for_each(ctx, of_step, &f, status);
 	/*
-	 * Out of the table first, answered after: a reply that fails its peer frees that peer's
+	 * Out of the tables first, answered after: a reply that fails its peer frees that peer's
 	 * parked requests, the walk's next one among them.
 	 */
 	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
@@ -500,6 +721,7 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 			next = n->next;
 			if (all || p->step == step) {
 				tfab__htable_remove(&ctx->parked, n);
+				tfab__htable_remove(&p->peer->answers, &p->inode);
 				n->next = doomed;
 				doomed = n;
 			}
@@ -515,9 +737,9 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 	}
 }
 
-int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
-		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
-		     bool gpu, tfab_send_cb cb, void *arg)
+int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key,
+		     int64_t step_id, const struct tfab_wire_meta *meta, void *data,
+		     struct tfab_mr *pool_mr, bool gpu, tfab_send_cb cb, void *arg)
 {
 	bool data_pool = pool_mr != NULL;
 	struct tfab_response *p;
@@ -526,6 +748,8 @@ int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 	int rc;
 
 	rc = tfab__check_key(key, &key_len);
+	if (rc == 0 && to && to->ctx != ctx)
+		rc = -EINVAL;
 	if (rc)
 		goto err_data;
 	s = calloc(1, sizeof(*s));
@@ -534,6 +758,7 @@ int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 		goto err_data;
 	}
 	s->w.kind = TFAB_WCTX_CONTENT;
+	s->to = to;
 	s->step = step_id;
 	s->key_len = (uint16_t)key_len;
 	memcpy(s->key, key, key_len);
@@ -541,6 +766,7 @@ int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 	s->data_pool = data_pool;
 	s->gpu = gpu;
 	tfab__list_init(&s->stage_link);
+	tfab__list_init(&s->live_link);
 	s->meta = *meta;
 	s->cb = cb;
 	s->arg = arg;
@@ -554,8 +780,13 @@ int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 		rc = ctx->abort_status;
 		goto err;
 	}
-	if (send_find(ctx, key, (uint16_t)key_len, step_id)) {
-		TFAB_ERROR(SUBSYS, "'%s' step %lld is already being sent", key, (long long)step_id);
+	if (to && to->failed) {
+		rc = to->failed;
+		goto err;
+	}
+	if (send_overlaps(ctx, key, (uint16_t)key_len, step_id, to)) {
+		TFAB_ERROR(SUBSYS, "'%s' step %lld is already being sent%s", key,
+			   (long long)step_id, to ? " to that peer, or to any" : "");
 		rc = -EEXIST;
 		goto err;
 	}
@@ -563,11 +794,13 @@ int tfab__send_start(struct tfab_context *ctx, const char *key, int64_t step_id,
 				 tfab__send_hash(key, (uint16_t)key_len, step_id));
 	if (rc)
 		goto err;
-	p = parked_find(ctx, key, (uint16_t)key_len, step_id);
+	s->seq = ++ctx->send_seq;
+	tfab__list_add_tail(&ctx->sends_live, &s->live_link);
+	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld (%llu bytes%s) posted", key, (long long)step_id,
+		   (unsigned long long)meta->nbytes, meta->is_dead ? ", dead" : "");
+	p = parked_find(ctx, key, (uint16_t)key_len, step_id, to);
 	if (p) {
-		tfab__htable_remove(&ctx->parked, &p->node);
-		s->resp = *p;
-		free(p);
+		take_parked(ctx, s, p);
 		answer(ctx, s);
 		tfab__peers_flush(ctx);
 	}
@@ -583,8 +816,9 @@ err_data:
 	return rc;
 }
 
-int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
-	      bool is_dead, tfab_send_cb cb, void *arg)
+static int send_dltensor(struct tfab_context *ctx, struct tfab_peer *to, const char *key,
+			 int64_t step_id, const DLTensor *t, bool is_dead, tfab_send_cb cb,
+			 void *arg)
 {
 	struct tfab_wire_meta meta;
 	void *data;
@@ -602,5 +836,19 @@ int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const 
 		if (rc)
 			return rc;
 	}
-	return tfab__send_start(ctx, key, step_id, &meta, data, NULL, tfab__on_gpu(t), cb, arg);
+	return tfab__send_start(ctx, to, key, step_id, &meta, data, NULL, tfab__on_gpu(t), cb, arg);
+}
+
+int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
+	      bool is_dead, tfab_send_cb cb, void *arg)
+{
+	return send_dltensor(ctx, NULL, key, step_id, t, is_dead, cb, arg);
+}
+
+int tfab_send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
+		 const DLTensor *t, bool is_dead, tfab_send_cb cb, void *arg)
+{
+	if (!peer)
+		return -EINVAL;
+	return send_dltensor(ctx, peer, key, step_id, t, is_dead, cb, arg);
 }

@@ -47,8 +47,13 @@ struct pool_out {
 static int pool_out_alloc(void *arg, size_t len, void **buf_p)
 {
 	struct pool_out *o = arg;
+	int rc;
 
-	return tfab__pool_alloc(o->ctx->pool, len, buf_p, &o->mr);
+	/* A new block registers with the fabric, which the engine's lock serialises. */
+	tfab__ctx_lock(o->ctx);
+	rc = tfab__pool_alloc(o->ctx->pool, len, buf_p, &o->mr);
+	tfab__ctx_unlock(o->ctx);
+	return rc;
 }
 
 static void count_copied(struct tfab_context *ctx, uint64_t n)
@@ -58,8 +63,9 @@ static void count_copied(struct tfab_context *ctx, uint64_t n)
 	tfab__ctx_unlock(ctx);
 }
 
-int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,
-		      const struct tfab_string_tensor *t, bool is_dead, tfab_send_cb cb, void *arg)
+static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const char *key,
+			int64_t step_id, const struct tfab_string_tensor *t, bool is_dead,
+			tfab_send_cb cb, void *arg)
 {
 	struct tfab_wire_meta meta = {.dtype_code = TFAB_WIRE_DTYPE_STRING};
 	struct tfab_mr *mr = NULL;
@@ -88,7 +94,22 @@ int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id
 		meta.nbytes = len;
 		count_copied(ctx, len);
 	}
-	return tfab__send_start(ctx, key, step_id, &meta, buf, mr, false, cb, arg);
+	return tfab__send_start(ctx, to, key, step_id, &meta, buf, mr, false, cb, arg);
+}
+
+int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,
+		      const struct tfab_string_tensor *t, bool is_dead, tfab_send_cb cb, void *arg)
+{
+	return send_strings(ctx, NULL, key, step_id, t, is_dead, cb, arg);
+}
+
+int tfab_send_strings_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			 int64_t step_id, const struct tfab_string_tensor *t, bool is_dead,
+			 tfab_send_cb cb, void *arg)
+{
+	if (!peer)
+		return -EINVAL;
+	return send_strings(ctx, peer, key, step_id, t, is_dead, cb, arg);
 }
 
 int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t nbytes)

@@ -180,7 +180,7 @@ int mp_get(struct mp *mp, int rank, const char *what, unsigned *value_p)
 	return read_file(rank, what, value_p);
 }
 
-int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms)
+static int wait_note(struct mp *mp, int rank, const char *what, int timeout_ms, bool progress)
 {
 	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
 	char path[512];
@@ -189,10 +189,21 @@ int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms)
 	while (access(path, F_OK) != 0) {
 		if (now_ms() > deadline)
 			return -ETIMEDOUT;
-		tfab_progress(mp->ctx);
+		if (progress)
+			tfab_progress(mp->ctx);
 		usleep(1000);
 	}
 	return 0;
+}
+
+int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms)
+{
+	return wait_note(mp, rank, what, timeout_ms, true);
+}
+
+int mp_wait_note_quiet(struct mp *mp, int rank, const char *what, int timeout_ms)
+{
+	return wait_note(mp, rank, what, timeout_ms, false);
 }
 
 static int mp_setup(struct mp *mp)

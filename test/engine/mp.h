@@ -70,6 +70,8 @@ int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms);
  */
 int mp_note(struct mp *mp, const char *what);
 int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms);
+/* The same without driving progress: what the peer writes meanwhile stays unread. */
+int mp_wait_note_quiet(struct mp *mp, int rank, const char *what, int timeout_ms);
 
 /* A number published by this rank outside the fabric (a port), and one read from rank's. */
 int mp_put(struct mp *mp, const char *what, unsigned value);

@@ -1057,6 +1057,299 @@ static int sc_peer_forgotten(struct mp *mp)
 	return 0;
 }
 
+/*
+ * A receive that timed out leaves the send to a later receive: rank 0's blocking receive gives
+ * up; rank 1 then offers the tensor, having read rank 0's request and cancel while it waited
+ * (poll), or not (both still unread when the send is posted). The send is not reported done
+ * before rank 0's second receive has taken it, and that receive gets the data: into a pool
+ * tensor and into a caller's buffer.
+ */
+static int sc_recv_timeout(struct mp *mp)
+{
+	int64_t shape[1] = {256};
+	struct tensor t;
+
+	tensor_make(&t, f32, 1, shape);
+	for (int round = 0; round < 4; round++) {
+		bool poll = round & 1, caller = (round & 2) != 0;
+		int64_t step = 40 + round;
+		char timedout[32], checked[32];
+
+		snprintf(timedout, sizeof(timedout), "timedout%d_", round);
+		snprintf(checked, sizeof(checked), "checked%d_", round);
+		if (mp->rank == 0) {
+			DLManagedTensor *m = NULL;
+
+			memset(t.buf, 0, t.nbytes);
+			CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "late", step,
+						caller ? &t.dl : NULL, 300, &m, NULL),
+				 -ETIMEDOUT);
+			CHECK(m == NULL);
+			CHECK_RC(mp_note(mp, timedout), 0);
+			CHECK_RC(mp_wait_note(mp, 1, checked, WAIT_MS), 0);
+			CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "late", step,
+						caller ? &t.dl : NULL, WAIT_MS, &m, NULL),
+				 0);
+			if (m) {
+				CHECK(bytes_match(m->dl_tensor.data, t.nbytes,
+						  7000 + (uint64_t)round));
+				m->deleter(m);
+			} else {
+				CHECK(caller &&
+				      bytes_match(t.buf, t.nbytes, 7000 + (uint64_t)round));
+			}
+			continue;
+		}
+		struct done d = {0};
+		uint64_t until;
+
+		tensor_fill(&t, 7000 + (uint64_t)round);
+		if (poll)
+			CHECK_RC(mp_wait_note(mp, 0, timedout, WAIT_MS), 0);
+		else
+			CHECK_RC(mp_wait_note_quiet(mp, 0, timedout, WAIT_MS), 0);
+		CHECK_RC(tfab_send(mp->ctx, "late", step, &t.dl, false, on_sent, &d), 0);
+		/* Nobody has taken it yet, however long this side drives progress. */
+		for (until = ms_now() + 300; ms_now() < until;)
+			tfab_progress(mp->ctx);
+		if (done_n(&d))
+			fprintf(stderr,
+				"rank 1: round %d: the send ended with %s before a receive\n",
+				round, tfab_strerror(d.last_status));
+		CHECK(done_n(&d) == 0);
+		CHECK_RC(mp_note(mp, checked), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 0);
+	}
+	tensor_free(&t);
+	return 0;
+}
+
+/*
+ * A stale reply for a request that ended here (a timeout) and whose slot a new receive has
+ * taken: rank 0's request for "stale/a" times out, and its receive of "stale/b" reuses the
+ * slot (the request table hands out the slot freed last). Rank 1 read the old request before,
+ * and answers it only now: with META_DATA (round 0: it posts the send) or with ERROR (round 1:
+ * a step cleanup). The reply names the old request's index, whose generation differs: it must
+ * not touch the new receive, which then completes normally.
+ */
+static int sc_stale_reply(struct mp *mp)
+{
+	static int32_t vals[2] = {11, 22};
+	int64_t one = 1;
+	DLTensor ta = int32_scalar(&vals[0], &one), tb = int32_scalar(&vals[1], &one);
+
+	for (int round = 0; round < 2; round++) {
+		int64_t step_a = 60 + 2 * round, step_b = step_a + 1;
+		const char *key = round ? "stale/a1" : "stale/a0";
+		char parked[32], posted[32], answered[32], checked[32];
+
+		snprintf(parked, sizeof(parked), "parked%d_", round);
+		snprintf(posted, sizeof(posted), "posted%d_", round);
+		snprintf(answered, sizeof(answered), "answered%d_", round);
+		snprintf(checked, sizeof(checked), "checked%d_", round);
+		if (mp->rank == 0) {
+			struct done d = {0};
+			struct tfab_stats st0, st;
+			DLManagedTensor *m = NULL;
+
+			CHECK_RC(
+			    tfab_recv_sync(mp->ctx, mp->peers[1], key, step_a, NULL, 300, &m, NULL),
+			    -ETIMEDOUT);
+			CHECK_RC(mp_wait_note(mp, 1, parked, WAIT_MS), 0);
+			CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+			CHECK_RC(
+			    tfab_recv(mp->ctx, mp->peers[1], "stale/b", step_b, NULL, on_recv, &d),
+			    0);
+			CHECK_RC(mp_note(mp, posted), 0);
+			CHECK_RC(mp_wait_note(mp, 1, answered, WAIT_MS), 0);
+			/* Long enough for the reply to land and be read here. */
+			for (uint64_t until = ms_now() + 300; ms_now() < until;)
+				tfab_progress(mp->ctx);
+			CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+			CHECK(done_n(&d) == 0);
+			CHECK(st.rerequests == st0.rerequests);
+			CHECK_RC(mp_note(mp, checked), 0);
+			CHECK(wait_n(mp, &d, 1));
+			CHECK(d.errors == 0 && *(int32_t *)d.tensor->dl_tensor.data == 22);
+			d.tensor->deleter(d.tensor);
+			CHECK(mp_barrier(mp, 600 + round) == 0);
+			continue;
+		}
+		struct done sa = {0}, sb = {0};
+		size_t n = 0;
+
+		/* Read rank 0's request, then stop reading until its new receive is out. */
+		for (uint64_t until = ms_now() + WAIT_MS; n == 0 && ms_now() < until;) {
+			tfab_progress(mp->ctx);
+			tfab__ctx_lock(mp->ctx);
+			n = mp->ctx->parked.count;
+			tfab__ctx_unlock(mp->ctx);
+		}
+		CHECK(n == 1);
+		CHECK_RC(mp_note(mp, parked), 0);
+		CHECK_RC(mp_wait_note_quiet(mp, 0, posted, WAIT_MS), 0);
+		if (round == 0)
+			CHECK_RC(tfab_send(mp->ctx, key, step_a, &ta, false, on_sent, &sa), 0);
+		else
+			CHECK_RC(tfab_step_cleanup(mp->ctx, step_a), 0);
+		CHECK_RC(mp_note(mp, answered), 0);
+		CHECK_RC(mp_wait_note(mp, 0, checked, WAIT_MS), 0);
+		CHECK_RC(tfab_send(mp->ctx, "stale/b", step_b, &tb, false, on_sent, &sb), 0);
+		CHECK(wait_n(mp, &sb, 1));
+		CHECK(sb.errors == 0);
+		CHECK(mp_barrier(mp, 600 + round) == 0);
+		if (round == 0) {
+			/* Nobody took "stale/a0": a cleanup ends it. */
+			CHECK_RC(tfab_step_cleanup(mp->ctx, step_a), 0);
+			CHECK(wait_n(mp, &sa, 1));
+			CHECK(sa.errors == 1 && sa.last_status == -TFAB_ERR_ABORTED);
+		}
+	}
+	return 0;
+}
+
+/*
+ * Sends for one peer: one key and step feeds ranks 1 and 2 a tensor each; overlapping sends
+ * are refused; a request from another peer does not take a send that is not for it, even
+ * when it comes first.
+ */
+static int sc_send_to(struct mp *mp)
+{
+	static int32_t vals[3] = {101, 102, 103};
+	int64_t one = 1;
+	DLTensor t[3] = {int32_scalar(&vals[0], &one), int32_scalar(&vals[1], &one),
+			 int32_scalar(&vals[2], &one)};
+
+	if (mp->rank == 0) {
+		struct done d = {0}, never = {0};
+
+		CHECK_RC(tfab_send_to(mp->ctx, mp->peers[1], "feed", 1, &t[1], false, on_sent, &d),
+			 0);
+		CHECK_RC(tfab_send_to(mp->ctx, mp->peers[2], "feed", 1, &t[2], false, on_sent, &d),
+			 0);
+		CHECK_RC(
+		    tfab_send_to(mp->ctx, mp->peers[1], "feed", 1, &t[0], false, on_sent, &never),
+		    -EEXIST);
+		CHECK_RC(tfab_send(mp->ctx, "feed", 1, &t[0], false, on_sent, &never), -EEXIST);
+		CHECK_RC(tfab_send_to(mp->ctx, NULL, "feed", 2, &t[0], false, on_sent, &never),
+			 -EINVAL);
+		/* Rank 2 asks for "only1" first; it is rank 1's. */
+		CHECK_RC(mp_wait_note(mp, 2, "asked", WAIT_MS), 0);
+		CHECK_RC(tfab_send_to(mp->ctx, mp->peers[1], "only1", 1, &t[1], false, on_sent, &d),
+			 0);
+		CHECK(wait_n(mp, &d, 3));
+		CHECK(d.errors == 0 && never.n == 0);
+		CHECK_RC(mp_wait_note(mp, 2, "checked", WAIT_MS), 0);
+		/* And an any-peer send overlaps a send for one peer, the other way round too. */
+		CHECK_RC(tfab_send(mp->ctx, "any", 1, &t[0], false, on_sent, &d), 0);
+		CHECK_RC(
+		    tfab_send_to(mp->ctx, mp->peers[2], "any", 1, &t[0], false, on_sent, &never),
+		    -EEXIST);
+		CHECK_RC(tfab_step_cleanup(mp->ctx, 1), 0);
+		CHECK(wait_n(mp, &d, 4));
+		CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_ABORTED);
+		return 0;
+	}
+	DLManagedTensor *m = NULL;
+
+	CHECK_RC(recv_one(mp, 0, "feed", 1, &m, NULL), 0);
+	CHECK(*(int32_t *)m->dl_tensor.data == vals[mp->rank]);
+	m->deleter(m);
+	if (mp->rank == 2) {
+		struct done d = {0};
+
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], "only1", 1, NULL, on_recv, &d), 0);
+		tfab_progress(mp->ctx);
+		CHECK_RC(mp_note(mp, "asked"), 0);
+		CHECK_RC(mp_wait_note(mp, 1, "got", WAIT_MS), 0);
+		CHECK(done_n(&d) == 0);
+		CHECK_RC(mp_note(mp, "checked"), 0);
+		CHECK_RC(tfab_step_cleanup(mp->ctx, 1), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 1);
+		return 0;
+	}
+	CHECK_RC(recv_one(mp, 0, "only1", 1, &m, NULL), 0);
+	CHECK(*(int32_t *)m->dl_tensor.data == vals[1]);
+	m->deleter(m);
+	CHECK_RC(mp_note(mp, "got"), 0);
+	return 0;
+}
+
+struct flush_arg {
+	struct mp *mp;
+	int rc;
+	int n; /* atomic */
+};
+
+static void flush_in_callback(void *arg, int status)
+{
+	struct flush_arg *f = arg;
+
+	(void)status;
+	f->rc = tfab_flush(f->mp->ctx, 1000);
+	__atomic_fetch_add(&f->n, 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * tfab_flush: with nothing posted it returns at once; it waits until every send posted
+ * before it has been taken, and (without the progress thread) their callbacks have run; a
+ * send nobody takes makes it time out; from a send's callback it refuses.
+ */
+static int sc_flush(struct mp *mp)
+{
+	enum { N = 50 };
+	static int32_t vals[N + 2];
+	int64_t one = 1;
+	char key[32];
+
+	if (mp->rank == 0) {
+		for (int i = 0; i < N + 1; i++) {
+			DLManagedTensor *m = NULL;
+
+			snprintf(key, sizeof(key), "flush/%d", i);
+			CHECK_RC(recv_one(mp, 1, key, i < N ? 2 : 3, &m, NULL), 0);
+			CHECK(*(int32_t *)m->dl_tensor.data == i);
+			m->deleter(m);
+		}
+		return 0;
+	}
+	struct done d = {0}, orphan = {0};
+	struct flush_arg f = {.mp = mp};
+	DLTensor t;
+
+	CHECK_RC(tfab_flush(mp->ctx, 0), 0);
+	for (int i = 0; i < N; i++) {
+		vals[i] = i;
+		t = int32_scalar(&vals[i], &one);
+		snprintf(key, sizeof(key), "flush/%d", i);
+		CHECK_RC(tfab_send(mp->ctx, key, 2, &t, false, on_sent, &d), 0);
+	}
+	CHECK_RC(tfab_flush(mp->ctx, WAIT_MS), 0);
+	if (!mp->ctx->thread_running)
+		CHECK(done_n(&d) == N);
+	CHECK(wait_n(mp, &d, N));
+	CHECK(d.errors == 0);
+	/* Nobody receives this one. */
+	t = int32_scalar(&vals[N + 1], &one);
+	CHECK_RC(tfab_send(mp->ctx, "flush/never", 4, &t, false, on_sent, &orphan), 0);
+	CHECK_RC(tfab_flush(mp->ctx, 200), -ETIMEDOUT);
+	CHECK_RC(tfab_step_cleanup(mp->ctx, 4), 0);
+	CHECK(wait_n(mp, &orphan, 1));
+	/* A flush inside a send's callback refuses rather than waiting for itself. */
+	vals[N] = N;
+	t = int32_scalar(&vals[N], &one);
+	snprintf(key, sizeof(key), "flush/%d", N);
+	CHECK_RC(tfab_send(mp->ctx, key, 3, &t, false, flush_in_callback, &f), 0);
+	for (uint64_t until = ms_now() + WAIT_MS;
+	     !__atomic_load_n(&f.n, __ATOMIC_ACQUIRE) && ms_now() < until;)
+		tfab_progress(mp->ctx);
+	CHECK(__atomic_load_n(&f.n, __ATOMIC_ACQUIRE) == 1);
+	CHECK_RC(f.rc, -EDEADLK);
+	return 0;
+}
+
 /* Bad input at the API: clear errors, nothing else disturbed. */
 static int sc_bad_input(struct mp *mp)
 {
@@ -1116,13 +1409,12 @@ static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *byte
 	struct tfab_context *ctx = mp->ctx;
 	uint8_t *buf = aligned_alloc(4096, 4096);
 	struct tfab_mr *mr = NULL;
-	unsigned users;
+	bool idle = false;
 	int rc;
 
 	memcpy(buf, bytes, len);
+	tfab__ctx_lock(ctx); /* registrations are serialised with the progress thread's */
 	rc = ctx->ops->mr_reg(ctx->ep, buf, 4096, TFAB_MR_LOCAL_WRITE, &mr);
-	tfab__ctx_lock(ctx);
-	users = peer->users;
 	if (rc == 0)
 		rc = ctx->ops->write_imm(ctx->ep, peer->conn, buf, len, mr,
 					 peer->remote_raddr + slot * peer->remote_slot_size,
@@ -1132,18 +1424,24 @@ static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *byte
 	if (rc == 0)
 		peer->users++;
 	tfab__ctx_unlock(ctx);
-	for (int i = 0; i < WAIT_MS * 10 && rc == 0; i++) {
-		tfab__ctx_lock(ctx);
-		bool done = peer->users == users;
-		tfab__ctx_unlock(ctx);
-		if (done)
-			break;
+	/*
+	 * Until nothing is in flight to the peer: other writes (a TAKEN of the barrier) may
+	 * complete around this one, so no count short of zero says that this one has.
+	 */
+	for (uint64_t until = ms_now() + WAIT_MS; rc == 0 && !idle && ms_now() < until;) {
 		tfab_progress(ctx);
-		usleep(100);
+		tfab__ctx_lock(ctx);
+		idle = peer->users == 0;
+		tfab__ctx_unlock(ctx);
+		if (!idle)
+			usleep(100);
 	}
-	ctx->ops->mr_dereg(mr);
+	tfab__ctx_lock(ctx);
+	if (mr)
+		ctx->ops->mr_dereg(mr);
+	tfab__ctx_unlock(ctx);
 	free(buf);
-	return rc;
+	return rc ? rc : idle ? 0 : -ETIMEDOUT;
 }
 
 /*
@@ -1254,6 +1552,10 @@ static const struct mp_scenario scenarios[] = {
      .killed_rank = 2},
     {.name = "peer_exits", .nranks = 2, .fn = sc_peer_exits, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
+    {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
+    {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},
+    {.name = "send_to", .nranks = 3, .fn = sc_send_to},
+    {.name = "flush", .nranks = 2, .fn = sc_flush},
     {.name = "bad_input", .nranks = 2, .fn = sc_bad_input},
     {.name = "malformed_version", .nranks = 3, .fn = sc_malformed_version, .no_barrier = true},
     {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},
