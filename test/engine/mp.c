@@ -50,6 +50,15 @@ int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms)
 	return *flag;
 }
 
+bool mp_wait_count(struct mp *mp, const int *count, int want, int timeout_ms)
+{
+	uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+
+	while (__atomic_load_n(count, __ATOMIC_ACQUIRE) < want && now_ms() < deadline)
+		tfab_progress(mp->ctx);
+	return __atomic_load_n(count, __ATOMIC_ACQUIRE) >= want;
+}
+
 /* sent and received are counted last, with release, and read with acquire. */
 struct barrier_state {
 	int sent, received, failed;

@@ -63,6 +63,9 @@ int mp_main(int argc, char **argv, const struct mp_scenario *scenarios, int n);
 /* Drive progress until *flag becomes nonzero or timeout_ms passes; returns the flag. */
 int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms);
 
+/* Drive progress until the counter (read with acquire) reaches want; whether it did. */
+bool mp_wait_count(struct mp *mp, const int *count, int want, int timeout_ms);
+
 /*
  * Notes outside the fabric (files in the run's folder), for scenarios that break the fabric:
  * mp_note marks `what` done by this rank; mp_wait_note drives progress until rank marked it,

@@ -997,12 +997,12 @@ static int sc_peer_exits(struct mp *mp)
 		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, 20000, &peer), 0);
 		rc = tfab_recv(ctx, peer, "never", 1, NULL, on_recv, &d);
 		if (rc == 0) {
-			for (int i = 0; i < WAIT_MS && d.n < 1; i++) {
+			for (int i = 0; i < WAIT_MS && done_n(&d) < 1; i++) {
 				tfab_progress(ctx);
-				if (d.n < 1)
+				if (done_n(&d) < 1)
 					usleep(i < 10 ? 0 : 100);
 			}
-			CHECK(d.n == 1 && d.errors == 1);
+			CHECK(done_n(&d) == 1 && d.errors == 1);
 			rc = d.last_status;
 		}
 		if (rc != -TFAB_ERR_PEER_FAILED && rc != -TFAB_ERR_ABORTED) {

@@ -5,6 +5,7 @@
  * error that leaves the send for the right receive). Rank 1 sends, rank 0 receives.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -351,6 +352,107 @@ static int sc_strings_bad(struct mp *mp)
 	return 0;
 }
 
+enum { THREAD_SENDS = 2000 };
+
+struct strings_thread {
+	struct mp *mp;
+	int id;
+	int failed;	  /* a send that returned an error */
+	int status;	  /* the first failed callback's status */
+	int sent, errors; /* atomic */
+};
+
+static void thread_sent(void *arg, int status)
+{
+	struct strings_thread *a = arg;
+
+	if (status && __atomic_fetch_add(&a->errors, 1, __ATOMIC_RELAXED) == 0)
+		a->status = status;
+	__atomic_fetch_add(&a->sent, 1, __ATOMIC_RELEASE);
+}
+
+/* Serializes and sends THREAD_SENDS string tensors of growing sizes (new pool blocks). */
+static void *strings_sender(void *p)
+{
+	struct strings_thread *a = p;
+	static const int64_t shape[1] = {1};
+	char *b = malloc(40000);
+	char key[32];
+
+	memset(b, 'a' + a->id, 40000);
+	for (int i = 0; i < THREAD_SENDS && !a->failed; i++) {
+		struct tfab_string one = {b, (size_t)(i * 19) % 40000};
+		struct tfab_string_tensor t = {1, shape, &one};
+		int rc;
+
+		snprintf(key, sizeof(key), "thr/%d/%d", a->id, i);
+		rc = tfab_send_strings(a->mp->ctx, key, 5, &t, false, thread_sent, a);
+		if (rc) {
+			fprintf(stderr, "thread %d: send %d: %s\n", a->id, i, tfab_strerror(rc));
+			a->failed = 1;
+		}
+	}
+	free(b);
+	return NULL;
+}
+
+struct recv_count {
+	int n, bad; /* atomic */
+};
+
+static void thread_got(void *arg, int status, struct tfab_string_tensor *t, bool is_dead)
+{
+	struct recv_count *c = arg;
+
+	(void)is_dead;
+	if (status || !t || t->ndim != 1)
+		__atomic_fetch_add(&c->bad, 1, __ATOMIC_RELAXED);
+	tfab_string_tensor_free(t);
+	__atomic_fetch_add(&c->n, 1, __ATOMIC_RELEASE);
+}
+
+/*
+ * Two threads post THREAD_SENDS string tensors each at once: serializing into new pool blocks
+ * registers memory from both threads, which must not race (keys chosen twice: "Required key
+ * not available"). Every send and receive succeeds.
+ */
+static int sc_strings_threads(struct mp *mp)
+{
+	char key[32];
+
+	if (mp->rank == 0) {
+		struct recv_count c = {0};
+
+		for (int id = 0; id < 2; id++) {
+			for (int i = 0; i < THREAD_SENDS; i++) {
+				snprintf(key, sizeof(key), "thr/%d/%d", id, i);
+				CHECK_RC(tfab_recv_strings(mp->ctx, mp->peers[1], key, 5,
+							   thread_got, &c),
+					 0);
+			}
+		}
+		CHECK(mp_wait_count(mp, &c.n, 2 * THREAD_SENDS, WAIT_MS));
+		CHECK(c.bad == 0);
+		return 0;
+	}
+	struct strings_thread a[2] = {{.mp = mp, .id = 0}, {.mp = mp, .id = 1}};
+	pthread_t th[2];
+
+	for (int i = 0; i < 2; i++)
+		CHECK(pthread_create(&th[i], NULL, strings_sender, &a[i]) == 0);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	/* The receives take them all, or a check fails: then a[] stays for late callbacks. */
+	CHECK_RC(tfab_flush(mp->ctx, WAIT_MS), 0);
+	for (int i = 0; i < 2; i++) {
+		if (a[i].errors)
+			fprintf(stderr, "thread %d: %d sends failed, the first with %s\n", i,
+				a[i].errors, tfab_strerror(a[i].status));
+		CHECK(!a[i].failed && a[i].errors == 0);
+	}
+	return 0;
+}
+
 static const struct mp_scenario scenarios[] = {
     {.name = "strings_send_first", .nranks = 2, .fn = sc_strings_send_first},
     {.name = "strings_recv_first", .nranks = 2, .fn = sc_strings_recv_first},
@@ -358,6 +460,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "strings_big", .nranks = 2, .fn = sc_strings_big},
     {.name = "strings_kind", .nranks = 2, .fn = sc_strings_kind},
     {.name = "strings_bad", .nranks = 2, .fn = sc_strings_bad},
+    {.name = "strings_threads", .nranks = 2, .fn = sc_strings_threads},
 };
 
 int main(int argc, char **argv)
