@@ -475,15 +475,15 @@ int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tenso
 	m = tensorflow__tensor_proto__unpack(NULL, len, buf);
 	if (!m)
 		return bad("protobuf-c could not parse it");
-	if (!m->tensor_shape || m->tensor_shape->unknown_rank) {
-		rc = bad("no shape, or an unknown rank");
-		goto out;
-	}
-	if (m->tensor_shape->n_dim > TFAB_MAX_DIMS) {
+	/*
+	 * As TensorFlow's TensorShape reads it: no tensor_shape is one with no dimensions (a
+	 * scalar), and unknown_rank is ignored (the dimensions given are the shape).
+	 */
+	ndim = m->tensor_shape ? (int)m->tensor_shape->n_dim : 0;
+	if (m->tensor_shape && m->tensor_shape->n_dim > TFAB_MAX_DIMS) {
 		rc = bad("more than 32 dimensions");
 		goto out;
 	}
-	ndim = (int)m->tensor_shape->n_dim;
 	for (int i = 0; i < ndim; i++) {
 		int64_t d = m->tensor_shape->dim[i]->size;
 

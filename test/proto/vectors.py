@@ -139,6 +139,24 @@ typed("none_int32", "int32", [3], "", [0, 0, 0])
 typed("none_float64", "float64", [2, 1], "", [0.0, 0.0])
 strings_read("none_string", [2], "", [b"", b""])
 
+# No tensor_shape: TensorFlow reads the default TensorShapeProto, no dimensions, a scalar.
+decoded("no_shape_float_val", "float32", [], "dtype: DT_FLOAT float_val: 2.5",
+        pack("float32", [2.5]))
+decoded("no_shape_content", "int64", [], "dtype: DT_INT64 tensor_content: " +
+        text_bytes(pattern(8)), pattern(8))
+decoded("no_shape_none", "int16", [], "dtype: DT_INT16", pack("int16", [0]))
+decoded("no_shape_string", "string", [], 'dtype: DT_STRING string_val: "only"', [b"only"])
+decoded("no_shape_string_none", "string", [], "dtype: DT_STRING", [b""])
+# unknown_rank: TensorShape (not PartialTensorShape) ignores it and takes the dims as they are.
+decoded("unknown_rank_scalar", "float32", [],
+        "dtype: DT_FLOAT tensor_shape { unknown_rank: true } float_val: 1", pack("float32", [1]))
+decoded("unknown_rank_dims", "int32", [2],
+        "dtype: DT_INT32 tensor_shape { unknown_rank: true dim { size: 2 } } int_val: 7 int_val: 8",
+        pack("int32", [7, 8]))
+decoded("unknown_rank_string", "string", [1],
+        'dtype: DT_STRING tensor_shape { unknown_rank: true dim { size: 1 } } string_val: "x"',
+        [b"x"])
+
 bad = []  # (name, text, unsupported): TensorProtos that TensorFlow refuses, and tfab with it
 
 
@@ -157,6 +175,7 @@ refused("content_size_scalar", "dtype: DT_DOUBLE %s tensor_content: %s" %
 refused("shape_negative", "dtype: DT_FLOAT tensor_shape { dim { size: 2 } dim { size: -1 } }")
 refused("shape_overflow", "dtype: DT_FLOAT " + shape_text([1 << 32, 1 << 32]))
 refused("dtype_invalid", "dtype: DT_INVALID " + shape_text([1]), unsupported=True)
+refused("dtype_invalid_empty", "", unsupported=True)  # no field at all: a DT_INVALID scalar
 
 
 def encode(protoc, proto, text):

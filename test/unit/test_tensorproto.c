@@ -212,6 +212,20 @@ static void test_content_wrong_size_refused(void **state)
 	refuse_group("content_size_");
 }
 
+/* No tensor_shape: a scalar to TensorFlow, numeric or string. */
+static void test_no_shape_is_scalar(void **state)
+{
+	(void)state;
+	decode_group("no_shape_");
+}
+
+/* unknown_rank: TensorFlow's TensorShape ignores it (the dims, or none, are the shape). */
+static void test_unknown_rank_ignored(void **state)
+{
+	(void)state;
+	decode_group("unknown_rank_");
+}
+
 /* Shapes TensorFlow refuses (a negative dimension, too many elements), and DT_INVALID. */
 static void test_bad_shape_or_dtype_refused(void **state)
 {
@@ -309,6 +323,8 @@ int main(void)
 	    cmocka_unit_test(test_decode_protoc_bytes),
 	    cmocka_unit_test(test_round_trip_large),
 	    cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_no_shape_is_scalar),
+	    cmocka_unit_test(test_unknown_rank_ignored),
 	    cmocka_unit_test(test_fewer_values_repeat_last),
 	    cmocka_unit_test(test_no_values_default),
 	    cmocka_unit_test(test_content_wrong_size_refused),
