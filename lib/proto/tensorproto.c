@@ -276,14 +276,13 @@ static int bad(const char *why)
 }
 
 /*
- * TensorFlow's reading of a typed field: n values for count elements, the last one repeated
- * when there are fewer, zeros when there are none, an error when there are more.
+ * TensorFlow's reading of a typed field (FromProtoField in its tensor.cc): n values for count
+ * elements, the last one repeated when there are fewer, zeros when there are none, and only
+ * the first count read when there are more.
  */
-static int fill_values(uint8_t *dst, uint64_t count, size_t width, const void *src, size_t n,
-		       size_t src_width, void (*conv)(uint8_t *dst, const void *src))
+static void fill_values(uint8_t *dst, uint64_t count, size_t width, const void *src, size_t n,
+			size_t src_width, void (*conv)(uint8_t *dst, const void *src))
 {
-	if (n > count)
-		return bad("more values than elements");
 	for (uint64_t i = 0; i < count; i++) {
 		uint8_t *d = dst + i * width;
 
@@ -294,7 +293,6 @@ static int fill_values(uint8_t *dst, uint64_t count, size_t width, const void *s
 		else
 			memcpy(d, d - width, width);
 	}
-	return 0;
 }
 
 #define CONV(name, from, to)                            \
@@ -329,54 +327,58 @@ static void conv_c128(uint8_t *dst, const void *src)
 	memcpy(dst, src, 2 * sizeof(double));
 }
 
-static int decode_values(const Tensorflow__TensorProto *m, DLDataType dt, uint8_t *dst,
-			 uint64_t count)
+static void decode_values(const Tensorflow__TensorProto *m, DLDataType dt, uint8_t *dst,
+			  uint64_t count)
 {
 	size_t w = dt.bits / 8;
 
 	switch (m->dtype) {
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT:
-		return fill_values(dst, count, w, m->float_val, m->n_float_val, 4, conv_f32);
+		fill_values(dst, count, w, m->float_val, m->n_float_val, 4, conv_f32);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_DOUBLE:
-		return fill_values(dst, count, w, m->double_val, m->n_double_val, 8, conv_f64);
+		fill_values(dst, count, w, m->double_val, m->n_double_val, 8, conv_f64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_HALF:
 	case TENSORFLOW__DATA_TYPE__DT_BFLOAT16:
-		return fill_values(dst, count, w, m->half_val, m->n_half_val, 4, conv_i32_u16);
+		fill_values(dst, count, w, m->half_val, m->n_half_val, 4, conv_i32_u16);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_INT64:
-		return fill_values(dst, count, w, m->int64_val, m->n_int64_val, 8, conv_i64);
+		fill_values(dst, count, w, m->int64_val, m->n_int64_val, 8, conv_i64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_UINT32:
-		return fill_values(dst, count, w, m->uint32_val, m->n_uint32_val, 4, conv_u32);
+		fill_values(dst, count, w, m->uint32_val, m->n_uint32_val, 4, conv_u32);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_UINT64:
-		return fill_values(dst, count, w, m->uint64_val, m->n_uint64_val, 8, conv_u64);
+		fill_values(dst, count, w, m->uint64_val, m->n_uint64_val, 8, conv_u64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_BOOL:
-		return fill_values(dst, count, w, m->bool_val, m->n_bool_val,
-				   sizeof(protobuf_c_boolean), conv_bool);
+		fill_values(dst, count, w, m->bool_val, m->n_bool_val, sizeof(protobuf_c_boolean),
+			    conv_bool);
+		break;
+	/* whole (real, imaginary) pairs: an odd last part is not a value */
 	case TENSORFLOW__DATA_TYPE__DT_COMPLEX64:
-		if (m->n_scomplex_val % 2)
-			return bad("an odd number of complex parts");
-		return fill_values(dst, count, w, m->scomplex_val, m->n_scomplex_val / 2, 8,
-				   conv_c64);
+		fill_values(dst, count, w, m->scomplex_val, m->n_scomplex_val / 2, 8, conv_c64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_COMPLEX128:
-		if (m->n_dcomplex_val % 2)
-			return bad("an odd number of complex parts");
-		return fill_values(dst, count, w, m->dcomplex_val, m->n_dcomplex_val / 2, 16,
-				   conv_c128);
+		fill_values(dst, count, w, m->dcomplex_val, m->n_dcomplex_val / 2, 16, conv_c128);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E5M2:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E4M3FN:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E4M3FNUZ:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E4M3B11FNUZ:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E5M2FNUZ:
-		return fill_values(dst, count, w, m->float8_val.data, m->float8_val.len, 1,
-				   conv_u8);
+		fill_values(dst, count, w, m->float8_val.data, m->float8_val.len, 1, conv_u8);
+		break;
 	default: /* the int_val types */
 		if (dt.bits == 32)
-			return fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
-					   conv_i32_i32);
-		if (dt.bits == 16)
-			return fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
-					   dt.code == kDLInt ? conv_i32_i16 : conv_i32_u16);
-		return fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
-				   dt.code == kDLInt ? conv_i32_i8 : conv_i32_u8);
+			fill_values(dst, count, w, m->int_val, m->n_int_val, 4, conv_i32_i32);
+		else if (dt.bits == 16)
+			fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
+				    dt.code == kDLInt ? conv_i32_i16 : conv_i32_u16);
+		else
+			fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
+				    dt.code == kDLInt ? conv_i32_i8 : conv_i32_u8);
 	}
 }
 
@@ -409,7 +411,7 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 		else
 			memcpy(o->data, m->tensor_content.data, nbytes);
 	} else {
-		rc = decode_values(m, dt, o->data, count);
+		decode_values(m, dt, o->data, count);
 	}
 	if (rc) {
 		free(o->data);
@@ -433,14 +435,13 @@ static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 {
 	struct owned_strings *o;
 
-	if (m->n_string_val > count)
-		return bad("more strings than elements");
 	if (count > (SIZE_MAX - sizeof(*o)) / sizeof(struct tfab_string))
 		return bad("too many elements");
 	o = calloc(1, sizeof(*o) + sizeof(struct tfab_string) * count);
 	if (!o)
 		return -ENOMEM;
-	/* TensorFlow's rule again: the last string repeats, none means empty strings. */
+	/* TensorFlow's rule again: the last string repeats, none means empty strings, extra
+	 * ones are not read. */
 	for (uint64_t i = 0; i < count; i++) {
 		if (i < m->n_string_val) {
 			o->strings[i].data = (const char *)m->string_val[i].data;

@@ -134,9 +134,26 @@ typed("repeat_float8_val", "float8_e4m3fn", [3],
       "float8_val: " + text_bytes(bytes([0x38, 0xC0])), [0x38, 0xC0, 0xC0])
 strings_read("repeat_string_val", [3], 'string_val: "a" string_val: "bc"', [b"a", b"bc", b"bc"])
 
+# More values than elements: TensorFlow copies as many as there are elements, and complex
+# fields count whole (real, imaginary) pairs, so an odd last part is dropped too.
+typed("more_float_val", "float32", [2], "float_val: 1 float_val: 2 float_val: 3", [1.0, 2.0])
+typed("more_int_val_uint8", "uint8", [1], "int_val: 300 int_val: 5", [300 & 0xFF])
+typed("more_int64_val", "int64", [], "int64_val: 5 int64_val: 6", [5])
+typed("more_half_val", "bfloat16", [1], "half_val: 16256 half_val: 1", [16256])
+typed("more_bool_val", "bool", [2], "bool_val: true bool_val: false bool_val: true", [1, 0])
+typed("more_float8_val", "float8_e5m2", [2], "float8_val: " + text_bytes(bytes([1, 2, 3])),
+      [1, 2])
+typed("more_scomplex_odd", "complex64", [1], "scomplex_val: 1 scomplex_val: 2 scomplex_val: 3",
+      [(1.0, 2.0)])
+typed("more_dcomplex_val", "complex128", [1],
+      "dcomplex_val: 1 dcomplex_val: 2 dcomplex_val: 3 dcomplex_val: 4", [(1.0, 2.0)])
+strings_read("more_string_val", [2], 'string_val: "a" string_val: "b" string_val: "c"',
+             [b"a", b"b"])
+
 # No values at all: the type's zero (an empty string for strings).
 typed("none_int32", "int32", [3], "", [0, 0, 0])
 typed("none_float64", "float64", [2, 1], "", [0.0, 0.0])
+typed("none_scomplex_half", "complex64", [1], "scomplex_val: 3", [(0.0, 0.0)])  # half a value
 strings_read("none_string", [2], "", [b"", b""])
 
 # No tensor_shape: TensorFlow reads the default TensorShapeProto, no dimensions, a scalar.

@@ -191,6 +191,13 @@ static void refuse_group(const char *prefix)
 			 prefix);
 }
 
+/* More values than elements: TensorFlow reads the first ones (whole complex pairs). */
+static void test_more_values_truncated(void **state)
+{
+	(void)state;
+	decode_group("more_");
+}
+
 /* Fewer values than elements: TensorFlow repeats the last one. */
 static void test_fewer_values_repeat_last(void **state)
 {
@@ -325,6 +332,7 @@ int main(void)
 	    cmocka_unit_test(test_refusals),
 	    cmocka_unit_test(test_no_shape_is_scalar),
 	    cmocka_unit_test(test_unknown_rank_ignored),
+	    cmocka_unit_test(test_more_values_truncated),
 	    cmocka_unit_test(test_fewer_values_repeat_last),
 	    cmocka_unit_test(test_no_values_default),
 	    cmocka_unit_test(test_content_wrong_size_refused),
