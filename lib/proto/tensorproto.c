@@ -395,6 +395,9 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 	if (count > UINT64_MAX / 16)
 		return bad("too many elements");
 	nbytes = count * (dt.bits / 8);
+	/* With no elements TensorFlow reads neither tensor_content nor the values. */
+	if (nbytes && m->tensor_content.len && m->tensor_content.len != nbytes)
+		return bad("tensor_content does not match the shape");
 	o = calloc(1, sizeof(*o));
 	if (!o)
 		return -ENOMEM;
@@ -404,19 +407,10 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 			free(o);
 			return -ENOMEM;
 		}
-	}
-	if (m->tensor_content.len) {
-		if (m->tensor_content.len != nbytes)
-			rc = bad("tensor_content does not match the shape");
-		else
+		if (m->tensor_content.len)
 			memcpy(o->data, m->tensor_content.data, nbytes);
-	} else {
-		decode_values(m, dt, o->data, count);
-	}
-	if (rc) {
-		free(o->data);
-		free(o);
-		return rc;
+		else
+			decode_values(m, dt, o->data, count);
 	}
 	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
 	o->dl.dl_tensor.data = o->data;

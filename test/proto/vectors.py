@@ -174,6 +174,13 @@ decoded("unknown_rank_string", "string", [1],
         'dtype: DT_STRING tensor_shape { unknown_rank: true dim { size: 1 } } string_val: "x"',
         [b"x"])
 
+# No elements (a dimension is 0): TensorFlow reads neither tensor_content nor the values.
+decoded("empty_with_content", "int32", [0, 3], "dtype: DT_INT32 %s tensor_content: %s" %
+        (shape_text([0, 3]), text_bytes(pattern(5))), b"")
+decoded("empty_with_values", "float32", [2, 0], "dtype: DT_FLOAT %s float_val: 1 float_val: 2" %
+        shape_text([2, 0]), b"")
+strings_read("empty_with_strings", [0], 'string_val: "a"', [])
+
 bad = []  # (name, text, unsupported): TensorProtos that TensorFlow refuses, and tfab with it
 
 

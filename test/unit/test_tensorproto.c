@@ -233,6 +233,13 @@ static void test_unknown_rank_ignored(void **state)
 	decode_group("unknown_rank_");
 }
 
+/* No elements: TensorFlow reads neither tensor_content (of any size) nor the values. */
+static void test_empty_reads_nothing(void **state)
+{
+	(void)state;
+	decode_group("empty_with_");
+}
+
 /* Shapes TensorFlow refuses (a negative dimension, too many elements), and DT_INVALID. */
 static void test_bad_shape_or_dtype_refused(void **state)
 {
@@ -336,6 +343,7 @@ int main(void)
 	    cmocka_unit_test(test_fewer_values_repeat_last),
 	    cmocka_unit_test(test_no_values_default),
 	    cmocka_unit_test(test_content_wrong_size_refused),
+	    cmocka_unit_test(test_empty_reads_nothing),
 	    cmocka_unit_test(test_bad_shape_or_dtype_refused),
 	};
 
