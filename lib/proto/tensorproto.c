@@ -424,24 +424,75 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 	return 0;
 }
 
+/*
+ * Strings in tensor_content, as TensorFlow's port::EncodeStringList writes them: count
+ * lengths as varints of 5 bytes at most, then the bytes, which the lengths must cover
+ * exactly. The strings point into the content.
+ */
+static int string_list(const ProtobufCBinaryData *c, uint64_t count, struct tfab_string *out)
+{
+	const uint8_t *p = c->data, *end = c->data + c->len;
+	uint64_t total = 0;
+
+	for (uint64_t i = 0; i < count; i++) {
+		uint32_t len = 0;
+		unsigned shift = 0;
+		uint8_t b;
+
+		do {
+			if (p == end)
+				return bad("string lengths cut short in tensor_content");
+			if (shift > 28)
+				return bad("a string length of more than 5 bytes");
+			b = *p++;
+			len |= (uint32_t)(b & 0x7f) << shift; /* bits past 32 are dropped */
+			shift += 7;
+		} while (b & 0x80);
+		out[i].len = len;
+		total += len;
+	}
+	if (total != (uint64_t)(end - p))
+		return bad("string lengths that do not add up to the tensor_content");
+	for (uint64_t i = 0; i < count; i++) {
+		out[i].data = (const char *)p;
+		p += out[i].len;
+	}
+	return 0;
+}
+
 static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *shape,
 			  uint64_t count, struct tfab_string_tensor **strings_p)
 {
 	struct owned_strings *o;
+	int rc = 0;
 
 	if (count > (SIZE_MAX - sizeof(*o)) / sizeof(struct tfab_string))
 		return bad("too many elements");
+	/* Each length takes a byte at least: refuse before allocating for them. */
+	if (count && m->tensor_content.len && count > m->tensor_content.len)
+		return bad("string lengths cut short in tensor_content");
 	o = calloc(1, sizeof(*o) + sizeof(struct tfab_string) * count);
 	if (!o)
 		return -ENOMEM;
-	/* TensorFlow's rule again: the last string repeats, none means empty strings, extra
-	 * ones are not read. */
-	for (uint64_t i = 0; i < count; i++) {
-		if (i < m->n_string_val) {
-			o->strings[i].data = (const char *)m->string_val[i].data;
-			o->strings[i].len = m->string_val[i].len;
-		} else if (i) {
-			o->strings[i] = o->strings[i - 1];
+	/*
+	 * As numeric tensors: tensor_content first, else string_val with TensorFlow's rule (the
+	 * last string repeats, none means empty strings, extra ones are not read); with no
+	 * elements, neither is read.
+	 */
+	if (count && m->tensor_content.len) {
+		rc = string_list(&m->tensor_content, count, o->strings);
+		if (rc) {
+			free(o);
+			return rc;
+		}
+	} else {
+		for (uint64_t i = 0; i < count; i++) {
+			if (i < m->n_string_val) {
+				o->strings[i].data = (const char *)m->string_val[i].data;
+				o->strings[i].len = m->string_val[i].len;
+			} else if (i) {
+				o->strings[i] = o->strings[i - 1];
+			}
 		}
 	}
 	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);

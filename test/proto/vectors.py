@@ -181,6 +181,34 @@ decoded("empty_with_values", "float32", [2, 0], "dtype: DT_FLOAT %s float_val: 1
         shape_text([2, 0]), b"")
 strings_read("empty_with_strings", [0], 'string_val: "a"', [])
 
+
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([(n & 0x7F) | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def string_list(strs):
+    """TensorFlow's tensor_content for strings (port::EncodeStringList): the lengths as
+    varints, then the bytes."""
+    return b"".join(varint(len(x)) for x in strs) + b"".join(strs)
+
+
+# Strings in tensor_content, which TensorFlow reads before string_val (Helper<tstring>::Decode).
+SLIST = [b"", b"hi", bytes(range(200))]
+strings_read("string_content_vector", [3], "tensor_content: " + text_bytes(string_list(SLIST)),
+             SLIST)
+decoded("string_content_scalar", "string", [],
+        "dtype: DT_STRING tensor_content: " + text_bytes(string_list([b"abc"])), [b"abc"])
+strings_read("string_content_first", [1], "tensor_content: %s string_val: \"no\"" %
+             text_bytes(string_list([b"yes"])), [b"yes"])
+strings_read("string_content_long_varint", [2],  # lengths need not be in their shortest form
+             "tensor_content: " + text_bytes(b"\x80\x80\x80\x80\x00\x81\x00" + b"z"),
+             [b"", b"z"])
+strings_read("empty_with_string_content", [0, 2], "tensor_content: \"junk\"", [])
+
 bad = []  # (name, text, unsupported): TensorProtos that TensorFlow refuses, and tfab with it
 
 
@@ -195,6 +223,14 @@ refused("content_size_long", "dtype: DT_INT32 %s tensor_content: %s" %
         (shape_text([2]), text_bytes(pattern(9))))
 refused("content_size_scalar", "dtype: DT_DOUBLE %s tensor_content: %s" %
         (shape_text([]), text_bytes(pattern(4))))
+# Strings in tensor_content whose lengths are not the content's (port::DecodeStringList).
+for name, content in [("short", string_list([b"ab", b"c"])[:-1]),
+                      ("long", string_list([b"ab", b"c"]) + b"d"),
+                      ("cut_length", b"\x02\x80"),
+                      ("length_too_long", b"\x80\x80\x80\x80\x80\x00" + b"ab"),
+                      ("fewer_lengths", b"\x00")]:
+    refused("string_content_" + name, "dtype: DT_STRING %s tensor_content: %s" %
+            (shape_text([2]), text_bytes(content)))
 # Shapes TensorShape::IsValid refuses, and DT_INVALID.
 refused("shape_negative", "dtype: DT_FLOAT tensor_shape { dim { size: 2 } dim { size: -1 } }")
 refused("shape_overflow", "dtype: DT_FLOAT " + shape_text([1 << 32, 1 << 32]))

@@ -240,6 +240,20 @@ static void test_empty_reads_nothing(void **state)
 	decode_group("empty_with_");
 }
 
+/* Strings in tensor_content, as TensorFlow writes them (varint lengths, then the bytes). */
+static void test_string_content_read(void **state)
+{
+	(void)state;
+	decode_group("string_content_");
+}
+
+/* ... and refused when the lengths do not describe the content exactly. */
+static void test_string_content_refused(void **state)
+{
+	(void)state;
+	refuse_group("string_content_");
+}
+
 /* Shapes TensorFlow refuses (a negative dimension, too many elements), and DT_INVALID. */
 static void test_bad_shape_or_dtype_refused(void **state)
 {
@@ -344,6 +358,8 @@ int main(void)
 	    cmocka_unit_test(test_no_values_default),
 	    cmocka_unit_test(test_content_wrong_size_refused),
 	    cmocka_unit_test(test_empty_reads_nothing),
+	    cmocka_unit_test(test_string_content_read),
+	    cmocka_unit_test(test_string_content_refused),
 	    cmocka_unit_test(test_bad_shape_or_dtype_refused),
 	};
 
