@@ -396,8 +396,14 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 		return bad("too many elements");
 	nbytes = count * (dt.bits / 8);
 	/* With no elements TensorFlow reads neither tensor_content nor the values. */
-	if (nbytes && m->tensor_content.len && m->tensor_content.len != nbytes)
-		return bad("tensor_content does not match the shape");
+	if (nbytes && m->tensor_content.len) {
+		if (m->tensor_content.len != nbytes)
+			return bad("tensor_content does not match the shape");
+		if (m->dtype == TENSORFLOW__DATA_TYPE__DT_BOOL)
+			for (uint64_t i = 0; i < nbytes; i++)
+				if (m->tensor_content.data[i] > 1)
+					return bad("a bool that is neither 0 nor 1");
+	}
 	o = calloc(1, sizeof(*o));
 	if (!o)
 		return -ENOMEM;

@@ -180,6 +180,8 @@ decoded("empty_with_content", "int32", [0, 3], "dtype: DT_INT32 %s tensor_conten
 decoded("empty_with_values", "float32", [2, 0], "dtype: DT_FLOAT %s float_val: 1 float_val: 2" %
         shape_text([2, 0]), b"")
 strings_read("empty_with_strings", [0], 'string_val: "a"', [])
+decoded("empty_with_bool_content", "bool", [0], "dtype: DT_BOOL %s tensor_content: \"\\002\"" %
+        shape_text([0]), b"")
 
 
 def varint(n):
@@ -231,6 +233,9 @@ for name, content in [("short", string_list([b"ab", b"c"])[:-1]),
                       ("fewer_lengths", b"\x00")]:
     refused("string_content_" + name, "dtype: DT_STRING %s tensor_content: %s" %
             (shape_text([2]), text_bytes(content)))
+# A bool tensor_content byte other than 0 and 1 (Helper<bool>::Decode checks each one).
+refused("bool_content_2", "dtype: DT_BOOL %s tensor_content: \"\\000\\001\\002\"" % shape_text([3]))
+refused("bool_content_ff", "dtype: DT_BOOL %s tensor_content: \"\\377\"" % shape_text([]))
 # Shapes TensorShape::IsValid refuses, and DT_INVALID.
 refused("shape_negative", "dtype: DT_FLOAT tensor_shape { dim { size: 2 } dim { size: -1 } }")
 refused("shape_overflow", "dtype: DT_FLOAT " + shape_text([1 << 32, 1 << 32]))

@@ -254,6 +254,13 @@ static void test_string_content_refused(void **state)
 	refuse_group("string_content_");
 }
 
+/* A bool tensor_content byte other than 0 and 1: TensorFlow refuses it. */
+static void test_bool_content_refused(void **state)
+{
+	(void)state;
+	refuse_group("bool_content_");
+}
+
 /* Shapes TensorFlow refuses (a negative dimension, too many elements), and DT_INVALID. */
 static void test_bad_shape_or_dtype_refused(void **state)
 {
@@ -360,6 +367,7 @@ int main(void)
 	    cmocka_unit_test(test_empty_reads_nothing),
 	    cmocka_unit_test(test_string_content_read),
 	    cmocka_unit_test(test_string_content_refused),
+	    cmocka_unit_test(test_bool_content_refused),
 	    cmocka_unit_test(test_bad_shape_or_dtype_refused),
 	};
 
