@@ -1,8 +1,8 @@
 /*
  * TensorProto bytes (tfab/tensorproto.h) with protobuf-c and the message declared in
- * lib/proto/tensor.proto: DLPack dtypes to TensorFlow DataTypes and back, numeric tensors as
- * tensor_content, string tensors as string_val, and the typed *_val fields read the way
- * TensorFlow reads them.
+ * lib/proto/tensor.proto: DLPack dtypes to TensorFlow DataTypes and back, numeric tensors
+ * written as tensor_content, string tensors as string_val, and any TensorProto read the way
+ * TensorFlow's Tensor::FromProto (tensorflow/core/framework/tensor.cc) reads it.
  */
 #include <errno.h>
 #include <stdlib.h>
