@@ -2,8 +2,18 @@
  * TensorProto bytes, compatible with TensorFlow's (tensorflow/core/framework/tensor.proto):
  * the same message, field numbers and DataType values, so that tfab tensors can be handed to
  * and taken from TensorFlow. Numeric tensors are written as tensor_content (TensorFlow's own
- * choice for them); reading also accepts the typed *_val fields, with TensorFlow's rule that
- * fewer values than elements repeat the last one (and none means zeros).
+ * choice for them), string tensors as string_val.
+ *
+ * Reading accepts what TensorFlow's Tensor::FromProto accepts, and reads it the same way:
+ *  - no tensor_shape is a scalar; unknown_rank is ignored (the dims given are the shape);
+ *  - a non-empty tensor_content is the whole content and must be exactly the elements'
+ *    bytes (bools 0 or 1); for strings, one varint length per element, then the bytes;
+ *  - otherwise the typed *_val field of the dtype (string_val for strings): fewer values
+ *    than elements repeat the last one, none means zeros (empty strings), values beyond the
+ *    element count are not read (complex fields count whole real, imaginary pairs);
+ *  - with no elements (a dimension is 0) neither tensor_content nor the values are read.
+ * Refused as TensorFlow refuses them: a negative dimension, more elements than int64 holds,
+ * a tensor_content of another size, DT_INVALID. tfab refuses more than 32 dimensions too.
  *
  * DLPack to DataType: int8/16/32/64, uint8/16/32/64, float16 (DT_HALF), float32, float64,
  * bfloat16, complex64/128, bool (DLPack code 6, 8 bits), and the float8 kinds TensorFlow has
@@ -38,8 +48,8 @@ TFAB_EXPORT int tfab_tensorproto_encode_strings(const struct tfab_string_tensor 
  * Parse len bytes. A numeric tensor goes to *tensor_p (a CPU DLManagedTensor; release it with
  * its deleter), a string tensor to *strings_p (release with tfab_string_tensor_free); the other
  * is set to NULL. Passing NULL for one refuses that kind with -EPROTOTYPE. Malformed bytes,
- * or values that do not fit the shape: -TFAB_ERR_PROTOCOL; an unsupported DataType:
- * -EOPNOTSUPP.
+ * or a shape or content TensorFlow refuses (above): -TFAB_ERR_PROTOCOL; an unsupported
+ * DataType (DT_INVALID, a message with no dtype, included): -EOPNOTSUPP.
  */
 TFAB_EXPORT int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
 					struct tfab_string_tensor **strings_p);

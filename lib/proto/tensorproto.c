@@ -1,8 +1,8 @@
 /*
  * TensorProto bytes (tfab/tensorproto.h) with protobuf-c and the message declared in
- * lib/proto/tensor.proto: DLPack dtypes to TensorFlow DataTypes and back, numeric tensors as
- * tensor_content, string tensors as string_val, and the typed *_val fields read the way
- * TensorFlow reads them.
+ * lib/proto/tensor.proto: DLPack dtypes to TensorFlow DataTypes and back, numeric tensors
+ * written as tensor_content, string tensors as string_val, and any TensorProto read the way
+ * TensorFlow's Tensor::FromProto (tensorflow/core/framework/tensor.cc) reads it.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -276,14 +276,13 @@ static int bad(const char *why)
 }
 
 /*
- * TensorFlow's reading of a typed field: n values for count elements, the last one repeated
- * when there are fewer, zeros when there are none, an error when there are more.
+ * TensorFlow's reading of a typed field (FromProtoField in its tensor.cc): n values for count
+ * elements, the last one repeated when there are fewer, zeros when there are none, and only
+ * the first count read when there are more.
  */
-static int fill_values(uint8_t *dst, uint64_t count, size_t width, const void *src, size_t n,
-		       size_t src_width, void (*conv)(uint8_t *dst, const void *src))
+static void fill_values(uint8_t *dst, uint64_t count, size_t width, const void *src, size_t n,
+			size_t src_width, void (*conv)(uint8_t *dst, const void *src))
 {
-	if (n > count)
-		return bad("more values than elements");
 	for (uint64_t i = 0; i < count; i++) {
 		uint8_t *d = dst + i * width;
 
@@ -294,7 +293,6 @@ static int fill_values(uint8_t *dst, uint64_t count, size_t width, const void *s
 		else
 			memcpy(d, d - width, width);
 	}
-	return 0;
 }
 
 #define CONV(name, from, to)                            \
@@ -329,54 +327,58 @@ static void conv_c128(uint8_t *dst, const void *src)
 	memcpy(dst, src, 2 * sizeof(double));
 }
 
-static int decode_values(const Tensorflow__TensorProto *m, DLDataType dt, uint8_t *dst,
-			 uint64_t count)
+static void decode_values(const Tensorflow__TensorProto *m, DLDataType dt, uint8_t *dst,
+			  uint64_t count)
 {
 	size_t w = dt.bits / 8;
 
 	switch (m->dtype) {
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT:
-		return fill_values(dst, count, w, m->float_val, m->n_float_val, 4, conv_f32);
+		fill_values(dst, count, w, m->float_val, m->n_float_val, 4, conv_f32);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_DOUBLE:
-		return fill_values(dst, count, w, m->double_val, m->n_double_val, 8, conv_f64);
+		fill_values(dst, count, w, m->double_val, m->n_double_val, 8, conv_f64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_HALF:
 	case TENSORFLOW__DATA_TYPE__DT_BFLOAT16:
-		return fill_values(dst, count, w, m->half_val, m->n_half_val, 4, conv_i32_u16);
+		fill_values(dst, count, w, m->half_val, m->n_half_val, 4, conv_i32_u16);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_INT64:
-		return fill_values(dst, count, w, m->int64_val, m->n_int64_val, 8, conv_i64);
+		fill_values(dst, count, w, m->int64_val, m->n_int64_val, 8, conv_i64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_UINT32:
-		return fill_values(dst, count, w, m->uint32_val, m->n_uint32_val, 4, conv_u32);
+		fill_values(dst, count, w, m->uint32_val, m->n_uint32_val, 4, conv_u32);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_UINT64:
-		return fill_values(dst, count, w, m->uint64_val, m->n_uint64_val, 8, conv_u64);
+		fill_values(dst, count, w, m->uint64_val, m->n_uint64_val, 8, conv_u64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_BOOL:
-		return fill_values(dst, count, w, m->bool_val, m->n_bool_val,
-				   sizeof(protobuf_c_boolean), conv_bool);
+		fill_values(dst, count, w, m->bool_val, m->n_bool_val, sizeof(protobuf_c_boolean),
+			    conv_bool);
+		break;
+	/* whole (real, imaginary) pairs: an odd last part is not a value */
 	case TENSORFLOW__DATA_TYPE__DT_COMPLEX64:
-		if (m->n_scomplex_val % 2)
-			return bad("an odd number of complex parts");
-		return fill_values(dst, count, w, m->scomplex_val, m->n_scomplex_val / 2, 8,
-				   conv_c64);
+		fill_values(dst, count, w, m->scomplex_val, m->n_scomplex_val / 2, 8, conv_c64);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_COMPLEX128:
-		if (m->n_dcomplex_val % 2)
-			return bad("an odd number of complex parts");
-		return fill_values(dst, count, w, m->dcomplex_val, m->n_dcomplex_val / 2, 16,
-				   conv_c128);
+		fill_values(dst, count, w, m->dcomplex_val, m->n_dcomplex_val / 2, 16, conv_c128);
+		break;
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E5M2:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E4M3FN:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E4M3FNUZ:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E4M3B11FNUZ:
 	case TENSORFLOW__DATA_TYPE__DT_FLOAT8_E5M2FNUZ:
-		return fill_values(dst, count, w, m->float8_val.data, m->float8_val.len, 1,
-				   conv_u8);
+		fill_values(dst, count, w, m->float8_val.data, m->float8_val.len, 1, conv_u8);
+		break;
 	default: /* the int_val types */
 		if (dt.bits == 32)
-			return fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
-					   conv_i32_i32);
-		if (dt.bits == 16)
-			return fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
-					   dt.code == kDLInt ? conv_i32_i16 : conv_i32_u16);
-		return fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
-				   dt.code == kDLInt ? conv_i32_i8 : conv_i32_u8);
+			fill_values(dst, count, w, m->int_val, m->n_int_val, 4, conv_i32_i32);
+		else if (dt.bits == 16)
+			fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
+				    dt.code == kDLInt ? conv_i32_i16 : conv_i32_u16);
+		else
+			fill_values(dst, count, w, m->int_val, m->n_int_val, 4,
+				    dt.code == kDLInt ? conv_i32_i8 : conv_i32_u8);
 	}
 }
 
@@ -393,6 +395,15 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 	if (count > UINT64_MAX / 16)
 		return bad("too many elements");
 	nbytes = count * (dt.bits / 8);
+	/* With no elements TensorFlow reads neither tensor_content nor the values. */
+	if (nbytes && m->tensor_content.len) {
+		if (m->tensor_content.len != nbytes)
+			return bad("tensor_content does not match the shape");
+		if (m->dtype == TENSORFLOW__DATA_TYPE__DT_BOOL)
+			for (uint64_t i = 0; i < nbytes; i++)
+				if (m->tensor_content.data[i] > 1)
+					return bad("a bool that is neither 0 nor 1");
+	}
 	o = calloc(1, sizeof(*o));
 	if (!o)
 		return -ENOMEM;
@@ -402,19 +413,10 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 			free(o);
 			return -ENOMEM;
 		}
-	}
-	if (m->tensor_content.len) {
-		if (m->tensor_content.len != nbytes)
-			rc = bad("tensor_content does not match the shape");
-		else
+		if (m->tensor_content.len)
 			memcpy(o->data, m->tensor_content.data, nbytes);
-	} else {
-		rc = decode_values(m, dt, o->data, count);
-	}
-	if (rc) {
-		free(o->data);
-		free(o);
-		return rc;
+		else
+			decode_values(m, dt, o->data, count);
 	}
 	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
 	o->dl.dl_tensor.data = o->data;
@@ -428,25 +430,75 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 	return 0;
 }
 
+/*
+ * Strings in tensor_content, as TensorFlow's port::EncodeStringList writes them: count
+ * lengths as varints of 5 bytes at most, then the bytes, which the lengths must cover
+ * exactly. The strings point into the content.
+ */
+static int string_list(const ProtobufCBinaryData *c, uint64_t count, struct tfab_string *out)
+{
+	const uint8_t *p = c->data, *end = c->data + c->len;
+	uint64_t total = 0;
+
+	for (uint64_t i = 0; i < count; i++) {
+		uint32_t len = 0;
+		unsigned shift = 0;
+		uint8_t b;
+
+		do {
+			if (p == end)
+				return bad("string lengths cut short in tensor_content");
+			if (shift > 28)
+				return bad("a string length of more than 5 bytes");
+			b = *p++;
+			len |= (uint32_t)(b & 0x7f) << shift; /* bits past 32 are dropped */
+			shift += 7;
+		} while (b & 0x80);
+		out[i].len = len;
+		total += len;
+	}
+	if (total != (uint64_t)(end - p))
+		return bad("string lengths that do not add up to the tensor_content");
+	for (uint64_t i = 0; i < count; i++) {
+		out[i].data = (const char *)p;
+		p += out[i].len;
+	}
+	return 0;
+}
+
 static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *shape,
 			  uint64_t count, struct tfab_string_tensor **strings_p)
 {
 	struct owned_strings *o;
+	int rc = 0;
 
-	if (m->n_string_val > count)
-		return bad("more strings than elements");
 	if (count > (SIZE_MAX - sizeof(*o)) / sizeof(struct tfab_string))
 		return bad("too many elements");
+	/* Each length takes a byte at least: refuse before allocating for them. */
+	if (count && m->tensor_content.len && count > m->tensor_content.len)
+		return bad("string lengths cut short in tensor_content");
 	o = calloc(1, sizeof(*o) + sizeof(struct tfab_string) * count);
 	if (!o)
 		return -ENOMEM;
-	/* TensorFlow's rule again: the last string repeats, none means empty strings. */
-	for (uint64_t i = 0; i < count; i++) {
-		if (i < m->n_string_val) {
-			o->strings[i].data = (const char *)m->string_val[i].data;
-			o->strings[i].len = m->string_val[i].len;
-		} else if (i) {
-			o->strings[i] = o->strings[i - 1];
+	/*
+	 * As numeric tensors: tensor_content first, else string_val with TensorFlow's rule (the
+	 * last string repeats, none means empty strings, extra ones are not read); with no
+	 * elements, neither is read.
+	 */
+	if (count && m->tensor_content.len) {
+		rc = string_list(&m->tensor_content, count, o->strings);
+		if (rc) {
+			free(o);
+			return rc;
+		}
+	} else {
+		for (uint64_t i = 0; i < count; i++) {
+			if (i < m->n_string_val) {
+				o->strings[i].data = (const char *)m->string_val[i].data;
+				o->strings[i].len = m->string_val[i].len;
+			} else if (i) {
+				o->strings[i] = o->strings[i - 1];
+			}
 		}
 	}
 	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
@@ -475,15 +527,15 @@ int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tenso
 	m = tensorflow__tensor_proto__unpack(NULL, len, buf);
 	if (!m)
 		return bad("protobuf-c could not parse it");
-	if (!m->tensor_shape || m->tensor_shape->unknown_rank) {
-		rc = bad("no shape, or an unknown rank");
-		goto out;
-	}
-	if (m->tensor_shape->n_dim > TFAB_MAX_DIMS) {
+	/*
+	 * As TensorFlow's TensorShape reads it: no tensor_shape is one with no dimensions (a
+	 * scalar), and unknown_rank is ignored (the dimensions given are the shape).
+	 */
+	ndim = m->tensor_shape ? (int)m->tensor_shape->n_dim : 0;
+	if (m->tensor_shape && m->tensor_shape->n_dim > TFAB_MAX_DIMS) {
 		rc = bad("more than 32 dimensions");
 		goto out;
 	}
-	ndim = (int)m->tensor_shape->n_dim;
 	for (int i = 0; i < ndim; i++) {
 		int64_t d = m->tensor_shape->dim[i]->size;
 

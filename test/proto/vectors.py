@@ -7,8 +7,9 @@ Each case is a tensor written in protobuf text format and encoded by protoc --en
 test/proto/tf_reference.proto (an encoder independent of tfab's). The header it writes holds,
 per case, protoc's bytes and what tfab must make of them: dtype, shape, and the raw content
 (numeric) or the strings. "encode" cases are ones tfab's encoder must reproduce byte for byte
-(numeric tensors as tensor_content, string tensors as string_val); the others use TensorFlow's
-typed *_val fields, which tfab only reads.
+(numeric tensors as tensor_content, string tensors as string_val); the others are forms that
+TensorFlow's Tensor::FromProto accepts and tfab only reads (the typed *_val fields, a missing
+shape...). A second table holds TensorProtos that TensorFlow refuses, which tfab must refuse.
 """
 import struct
 import subprocess
@@ -86,41 +87,160 @@ for sname, shape, strs in [("strings_vector", [4], STRS),
     cases.append((sname, "string", shape, text, strs, True))
 
 
+def pack(kind, values):
+    fmt = KINDS[kind][3]
+    return b"".join(struct.pack("<" + fmt, *(v if isinstance(v, tuple) else (v,)))
+                    for v in values)
+
+
+def decoded(name, kind, shape, text, expect):
+    """A TensorProto that tfab reads (never writes): shape and expect are what it must give."""
+    cases.append((name, kind, shape, text, expect, False))
+
+
 def typed(name, kind, shape, field_text, values):
-    code, bits, dt, fmt = KINDS[kind]
-    content = b"".join(struct.pack("<" + fmt, *(v if isinstance(v, tuple) else (v,)))
-                       for v in values)
-    cases.append((name, kind, shape, "dtype: %s %s %s" % (dt, shape_text(shape), field_text),
-                  content, False))
+    dt = KINDS[kind][2]
+    decoded(name, kind, shape, "dtype: %s %s %s" % (dt, shape_text(shape), field_text),
+            pack(kind, values))
 
 
-# TensorFlow's typed fields, read by tfab: the last value repeats, none means zeros.
-typed("float_val_repeat", "float32", [3], "float_val: 1.5", [1.5, 1.5, 1.5])
+def strings_read(name, shape, field_text, strs):
+    decoded(name, "string", shape, "dtype: DT_STRING %s %s" % (shape_text(shape), field_text),
+            strs)
+
+
+# Typed fields as TensorFlow's Tensor::FromProto reads them (tensor.cc, FromProtoField).
 typed("double_val", "float64", [2], "double_val: -2.25 double_val: 1e300", [-2.25, 1e300])
-typed("int_val_int8", "int8", [3], "int_val: -1 int_val: 127", [-1, 127, 127])
 typed("int_val_uint16", "uint16", [2], "int_val: 65535 int_val: 7", [65535, 7])
 typed("int_val_int32", "int32", [2], "int_val: -2147483648 int_val: 5", [-2147483648, 5])
-typed("half_val", "float16", [2], "half_val: 15360", [15360, 15360])
 typed("half_val_bfloat16", "bfloat16", [1], "half_val: 16256", [16256])
 typed("int64_val", "int64", [2], "int64_val: -9000000000 int64_val: 3", [-9000000000, 3])
 typed("uint32_val", "uint32", [1], "uint32_val: 4000000000", [4000000000])
-typed("uint64_val", "uint64", [2], "uint64_val: 18446744073709551615",
-      [18446744073709551615, 18446744073709551615])
-typed("bool_val", "bool", [3], "bool_val: true bool_val: false", [1, 0, 0])
-typed("scomplex_val", "complex64", [2], "scomplex_val: 1 scomplex_val: -1",
-      [(1.0, -1.0), (1.0, -1.0)])
 typed("dcomplex_val", "complex128", [1], "dcomplex_val: 0.5 dcomplex_val: 2", [(0.5, 2.0)])
-typed("float8_val", "float8_e4m3fn", [3], "float8_val: " + text_bytes(bytes([0x38, 0xC0])),
-      [0x38, 0xC0, 0xC0])
-typed("no_values_zeros", "int32", [3], "", [0, 0, 0])
 # A quantized DataType reads as the plain integer of its width.
-cases.append(("quantized_qint8", "int8", [2],
-              "dtype: DT_QINT8 %s int_val: -3 int_val: 4" % shape_text([2]),
-              struct.pack("<bb", -3, 4), False))
-# Strings read with the same rule.
-cases.append(("string_val_repeat", "string", [3],
-              "dtype: DT_STRING %s string_val: \"a\" string_val: \"bc\"" % shape_text([3]),
-              [b"a", b"bc", b"bc"], False))
+decoded("quantized_qint8", "int8", [2],
+        "dtype: DT_QINT8 %s int_val: -3 int_val: 4" % shape_text([2]), pack("int8", [-3, 4]))
+
+# Fewer values than elements: the last one repeats.
+typed("repeat_float_val", "float32", [3], "float_val: 1.5", [1.5, 1.5, 1.5])
+typed("repeat_int_val_int8", "int8", [3], "int_val: -1 int_val: 127", [-1, 127, 127])
+typed("repeat_half_val", "float16", [2], "half_val: 15360", [15360, 15360])
+typed("repeat_uint64_val", "uint64", [2], "uint64_val: 18446744073709551615",
+      [18446744073709551615, 18446744073709551615])
+typed("repeat_bool_val", "bool", [3], "bool_val: true bool_val: false", [1, 0, 0])
+typed("repeat_scomplex_val", "complex64", [2], "scomplex_val: 1 scomplex_val: -1",
+      [(1.0, -1.0), (1.0, -1.0)])
+typed("repeat_float8_val", "float8_e4m3fn", [3],
+      "float8_val: " + text_bytes(bytes([0x38, 0xC0])), [0x38, 0xC0, 0xC0])
+strings_read("repeat_string_val", [3], 'string_val: "a" string_val: "bc"', [b"a", b"bc", b"bc"])
+
+# More values than elements: TensorFlow copies as many as there are elements, and complex
+# fields count whole (real, imaginary) pairs, so an odd last part is dropped too.
+typed("more_float_val", "float32", [2], "float_val: 1 float_val: 2 float_val: 3", [1.0, 2.0])
+typed("more_int_val_uint8", "uint8", [1], "int_val: 300 int_val: 5", [300 & 0xFF])
+typed("more_int64_val", "int64", [], "int64_val: 5 int64_val: 6", [5])
+typed("more_half_val", "bfloat16", [1], "half_val: 16256 half_val: 1", [16256])
+typed("more_bool_val", "bool", [2], "bool_val: true bool_val: false bool_val: true", [1, 0])
+typed("more_float8_val", "float8_e5m2", [2], "float8_val: " + text_bytes(bytes([1, 2, 3])),
+      [1, 2])
+typed("more_scomplex_odd", "complex64", [1], "scomplex_val: 1 scomplex_val: 2 scomplex_val: 3",
+      [(1.0, 2.0)])
+typed("more_dcomplex_val", "complex128", [1],
+      "dcomplex_val: 1 dcomplex_val: 2 dcomplex_val: 3 dcomplex_val: 4", [(1.0, 2.0)])
+strings_read("more_string_val", [2], 'string_val: "a" string_val: "b" string_val: "c"',
+             [b"a", b"b"])
+
+# No values at all: the type's zero (an empty string for strings).
+typed("none_int32", "int32", [3], "", [0, 0, 0])
+typed("none_float64", "float64", [2, 1], "", [0.0, 0.0])
+typed("none_scomplex_half", "complex64", [1], "scomplex_val: 3", [(0.0, 0.0)])  # half a value
+strings_read("none_string", [2], "", [b"", b""])
+
+# No tensor_shape: TensorFlow reads the default TensorShapeProto, no dimensions, a scalar.
+decoded("no_shape_float_val", "float32", [], "dtype: DT_FLOAT float_val: 2.5",
+        pack("float32", [2.5]))
+decoded("no_shape_content", "int64", [], "dtype: DT_INT64 tensor_content: " +
+        text_bytes(pattern(8)), pattern(8))
+decoded("no_shape_none", "int16", [], "dtype: DT_INT16", pack("int16", [0]))
+decoded("no_shape_string", "string", [], 'dtype: DT_STRING string_val: "only"', [b"only"])
+decoded("no_shape_string_none", "string", [], "dtype: DT_STRING", [b""])
+# unknown_rank: TensorShape (not PartialTensorShape) ignores it and takes the dims as they are.
+decoded("unknown_rank_scalar", "float32", [],
+        "dtype: DT_FLOAT tensor_shape { unknown_rank: true } float_val: 1", pack("float32", [1]))
+decoded("unknown_rank_dims", "int32", [2],
+        "dtype: DT_INT32 tensor_shape { unknown_rank: true dim { size: 2 } } int_val: 7 int_val: 8",
+        pack("int32", [7, 8]))
+decoded("unknown_rank_string", "string", [1],
+        'dtype: DT_STRING tensor_shape { unknown_rank: true dim { size: 1 } } string_val: "x"',
+        [b"x"])
+
+# No elements (a dimension is 0): TensorFlow reads neither tensor_content nor the values.
+decoded("empty_with_content", "int32", [0, 3], "dtype: DT_INT32 %s tensor_content: %s" %
+        (shape_text([0, 3]), text_bytes(pattern(5))), b"")
+decoded("empty_with_values", "float32", [2, 0], "dtype: DT_FLOAT %s float_val: 1 float_val: 2" %
+        shape_text([2, 0]), b"")
+strings_read("empty_with_strings", [0], 'string_val: "a"', [])
+decoded("empty_with_bool_content", "bool", [0], "dtype: DT_BOOL %s tensor_content: \"\\002\"" %
+        shape_text([0]), b"")
+
+
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([(n & 0x7F) | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def string_list(strs):
+    """TensorFlow's tensor_content for strings (port::EncodeStringList): the lengths as
+    varints, then the bytes."""
+    return b"".join(varint(len(x)) for x in strs) + b"".join(strs)
+
+
+# Strings in tensor_content, which TensorFlow reads before string_val (Helper<tstring>::Decode).
+SLIST = [b"", b"hi", bytes(range(200))]
+strings_read("string_content_vector", [3], "tensor_content: " + text_bytes(string_list(SLIST)),
+             SLIST)
+decoded("string_content_scalar", "string", [],
+        "dtype: DT_STRING tensor_content: " + text_bytes(string_list([b"abc"])), [b"abc"])
+strings_read("string_content_first", [1], "tensor_content: %s string_val: \"no\"" %
+             text_bytes(string_list([b"yes"])), [b"yes"])
+strings_read("string_content_long_varint", [2],  # lengths need not be in their shortest form
+             "tensor_content: " + text_bytes(b"\x80\x80\x80\x80\x00\x81\x00" + b"z"),
+             [b"", b"z"])
+strings_read("empty_with_string_content", [0, 2], "tensor_content: \"junk\"", [])
+
+bad = []  # (name, text, unsupported): TensorProtos that TensorFlow refuses, and tfab with it
+
+
+def refused(name, text, unsupported=False):
+    bad.append((name, text, unsupported))
+
+
+# tensor_content must be exactly the elements' bytes (tensor.cc, Helper<T>::Decode).
+refused("content_size_short", "dtype: DT_INT32 %s tensor_content: %s" %
+        (shape_text([2]), text_bytes(pattern(7))))
+refused("content_size_long", "dtype: DT_INT32 %s tensor_content: %s" %
+        (shape_text([2]), text_bytes(pattern(9))))
+refused("content_size_scalar", "dtype: DT_DOUBLE %s tensor_content: %s" %
+        (shape_text([]), text_bytes(pattern(4))))
+# Strings in tensor_content whose lengths are not the content's (port::DecodeStringList).
+for name, content in [("short", string_list([b"ab", b"c"])[:-1]),
+                      ("long", string_list([b"ab", b"c"]) + b"d"),
+                      ("cut_length", b"\x02\x80"),
+                      ("length_too_long", b"\x80\x80\x80\x80\x80\x00" + b"ab"),
+                      ("fewer_lengths", b"\x00")]:
+    refused("string_content_" + name, "dtype: DT_STRING %s tensor_content: %s" %
+            (shape_text([2]), text_bytes(content)))
+# A bool tensor_content byte other than 0 and 1 (Helper<bool>::Decode checks each one).
+refused("bool_content_2", "dtype: DT_BOOL %s tensor_content: \"\\000\\001\\002\"" % shape_text([3]))
+refused("bool_content_ff", "dtype: DT_BOOL %s tensor_content: \"\\377\"" % shape_text([]))
+# Shapes TensorShape::IsValid refuses, and DT_INVALID.
+refused("shape_negative", "dtype: DT_FLOAT tensor_shape { dim { size: 2 } dim { size: -1 } }")
+refused("shape_overflow", "dtype: DT_FLOAT " + shape_text([1 << 32, 1 << 32]))
+refused("dtype_invalid", "dtype: DT_INVALID " + shape_text([1]), unsupported=True)
+refused("dtype_invalid_empty", "", unsupported=True)  # no field at all: a DT_INVALID scalar
 
 
 def encode(protoc, proto, text):
@@ -167,6 +287,16 @@ def main():
                          (name, "true" if enc else "false", code, bits, len(shape),
                           ", ".join(map(str, shape)) or "0", i, len(raw), i, len(expect)))
     lines += ["", "static const struct tp_vector tp_vectors[] = {"] + table + ["};", ""]
+    lines += ["/* TensorProtos to refuse: -TFAB_ERR_PROTOCOL, or -EOPNOTSUPP when unsupported. */",
+              "struct tp_bad {", "\tconst char *name;", "\tconst uint8_t *proto;",
+              "\tsize_t proto_len;", "\tbool unsupported;", "};", ""]
+    table = []
+    for i, (name, text, unsupported) in enumerate(bad):
+        raw = encode(protoc, proto, text)
+        lines.append("static const uint8_t tp_bad_%d[] = %s;" % (i, c_bytes(raw)))
+        table.append("\t{\"%s\", tp_bad_%d, %d, %s}," %
+                     (name, i, len(raw), "true" if unsupported else "false"))
+    lines += ["", "static const struct tp_bad tp_bad[] = {"] + table + ["};", ""]
     with open(output, "w") as f:
         f.write("\n".join(lines))
 

@@ -1,11 +1,13 @@
 /*
  * TensorProto compatibility: tfab's bytes against protoc's for the same tensors (every dtype,
- * strings), tfab's reading of protoc's bytes (tensor_content and TensorFlow's typed fields),
- * and refusals: malformed bytes, the wrong kind, dtypes TensorFlow has no DataType for.
+ * strings), tfab's reading of protoc's bytes the way TensorFlow's Tensor::FromProto reads
+ * them (tensor_content, the typed fields, a missing shape...), and refusals: what TensorFlow
+ * refuses too, malformed bytes, the wrong kind, dtypes TensorFlow has no DataType for.
  */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include "tensorproto_vectors.h"
 
 #define NVEC (sizeof(tp_vectors) / sizeof(tp_vectors[0]))
+#define NBAD (sizeof(tp_bad) / sizeof(tp_bad[0]))
 
 static uint8_t pattern_byte(size_t i)
 {
@@ -82,42 +85,188 @@ static void test_encode_matches_protoc(void **state)
 	}
 }
 
+/* tfab's reading of a vector's bytes is what the vector says; false (and why) if not. */
+static bool decodes_as_said(const struct tp_vector *v)
+{
+	DLManagedTensor *m = NULL;
+	struct tfab_string_tensor *s = NULL;
+	const char *why = NULL;
+	int rc = tfab_tensorproto_decode(v->proto, v->proto_len, &m, &s);
+
+	if (rc) {
+		print_error("%s: decode gave %d (%s)\n", v->name, rc, tfab_strerror(rc));
+		return false;
+	}
+	if (v->strings) {
+		if (m || !s)
+			why = "not a string tensor";
+		else if (s->ndim != v->ndim ||
+			 memcmp(s->shape, v->shape, sizeof(int64_t) * (size_t)v->ndim) != 0)
+			why = "wrong shape";
+		else if (tfab_string_tensor_count(s) != (int64_t)v->nstrs)
+			why = "wrong count";
+		for (size_t k = 0; !why && k < v->nstrs; k++)
+			if (s->strings[k].len != v->strs[k].len ||
+			    (v->strs[k].len && /* data may be NULL when len is 0 */
+			     memcmp(s->strings[k].data, v->strs[k].data, v->strs[k].len) != 0))
+				why = "a string differs";
+	} else if (s || !m) {
+		why = "not a numeric tensor";
+	} else if (m->dl_tensor.dtype.code != v->code || m->dl_tensor.dtype.bits != v->bits ||
+		   m->dl_tensor.dtype.lanes != 1 || m->dl_tensor.ndim != v->ndim) {
+		why = "wrong dtype or rank";
+	} else if (memcmp(m->dl_tensor.shape, v->shape, sizeof(int64_t) * (size_t)v->ndim) != 0) {
+		why = "wrong shape";
+	} else if (v->content_len && memcmp(m->dl_tensor.data, v->content, v->content_len) != 0) {
+		why = "wrong content";
+	}
+	tfab_string_tensor_free(s);
+	if (m)
+		m->deleter(m);
+	if (why)
+		print_error("%s: %s\n", v->name, why);
+	return !why;
+}
+
 static void test_decode_protoc_bytes(void **state)
 {
+	size_t bad = 0;
+
 	(void)state;
-	for (size_t i = 0; i < NVEC; i++) {
-		const struct tp_vector *v = &tp_vectors[i];
+	for (size_t i = 0; i < NVEC; i++)
+		bad += !decodes_as_said(&tp_vectors[i]);
+	if (bad)
+		fail_msg("%zu of %zu vectors decoded wrongly", bad, NVEC);
+}
+
+static bool has_prefix(const char *name, const char *prefix)
+{
+	return strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
+/* The vectors whose names start with prefix (one at least) decode as they say. */
+static void decode_group(const char *prefix)
+{
+	size_t n = 0, bad = 0;
+
+	for (size_t i = 0; i < NVEC; i++)
+		if (has_prefix(tp_vectors[i].name, prefix)) {
+			bad += !decodes_as_said(&tp_vectors[i]);
+			n++;
+		}
+	if (!n)
+		fail_msg("no vector %s*", prefix);
+	if (bad)
+		fail_msg("%zu of the %zu vectors %s* decoded wrongly", bad, n, prefix);
+}
+
+/* The refusals whose names start with prefix (one at least) are refused, and cleanly. */
+static void refuse_group(const char *prefix)
+{
+	size_t n = 0, bad = 0;
+
+	for (size_t i = 0; i < NBAD; i++) {
+		const struct tp_bad *b = &tp_bad[i];
 		DLManagedTensor *m = NULL;
 		struct tfab_string_tensor *s = NULL;
-		int rc = tfab_tensorproto_decode(v->proto, v->proto_len, &m, &s);
+		int want = b->unsupported ? -EOPNOTSUPP : -TFAB_ERR_PROTOCOL, rc;
 
-		if (rc)
-			fail_msg("%s: decode gave %d (%s)", v->name, rc, tfab_strerror(rc));
-		if (v->strings) {
-			assert_null(m);
-			assert_non_null(s);
-			assert_int_equal(s->ndim, v->ndim);
-			assert_memory_equal(s->shape, v->shape, sizeof(int64_t) * (size_t)v->ndim);
-			assert_int_equal(tfab_string_tensor_count(s), (int64_t)v->nstrs);
-			for (size_t k = 0; k < v->nstrs; k++) {
-				assert_int_equal(s->strings[k].len, v->strs[k].len);
-				assert_memory_equal(s->strings[k].data, v->strs[k].data,
-						    v->strs[k].len);
-			}
-			tfab_string_tensor_free(s);
+		if (!has_prefix(b->name, prefix))
 			continue;
+		n++;
+		rc = tfab_tensorproto_decode(b->proto, b->proto_len, &m, &s);
+		if (rc != want || m || s) {
+			print_error("%s: decode gave %d (%s), not %d\n", b->name, rc,
+				    tfab_strerror(rc), want);
+			tfab_string_tensor_free(s);
+			if (m)
+				m->deleter(m);
+			bad++;
 		}
-		assert_null(s);
-		assert_non_null(m);
-		if (m->dl_tensor.dtype.code != v->code || m->dl_tensor.dtype.bits != v->bits ||
-		    m->dl_tensor.dtype.lanes != 1 || m->dl_tensor.ndim != v->ndim)
-			fail_msg("%s: wrong dtype or rank", v->name);
-		assert_memory_equal(m->dl_tensor.shape, v->shape,
-				    sizeof(int64_t) * (size_t)v->ndim);
-		if (v->content_len)
-			assert_memory_equal(m->dl_tensor.data, v->content, v->content_len);
-		m->deleter(m);
 	}
+	if (!n)
+		fail_msg("no refusal %s*", prefix);
+	if (bad)
+		fail_msg("%zu of the %zu refusals %s* were accepted or refused wrongly", bad, n,
+			 prefix);
+}
+
+/* More values than elements: TensorFlow reads the first ones (whole complex pairs). */
+static void test_more_values_truncated(void **state)
+{
+	(void)state;
+	decode_group("more_");
+}
+
+/* Fewer values than elements: TensorFlow repeats the last one. */
+static void test_fewer_values_repeat_last(void **state)
+{
+	(void)state;
+	decode_group("repeat_");
+}
+
+/* No values: TensorFlow fills the type's zero (empty strings). */
+static void test_no_values_default(void **state)
+{
+	(void)state;
+	decode_group("none_");
+}
+
+/* A tensor_content of any other size than the elements': TensorFlow refuses it. */
+static void test_content_wrong_size_refused(void **state)
+{
+	(void)state;
+	refuse_group("content_size_");
+}
+
+/* No tensor_shape: a scalar to TensorFlow, numeric or string. */
+static void test_no_shape_is_scalar(void **state)
+{
+	(void)state;
+	decode_group("no_shape_");
+}
+
+/* unknown_rank: TensorFlow's TensorShape ignores it (the dims, or none, are the shape). */
+static void test_unknown_rank_ignored(void **state)
+{
+	(void)state;
+	decode_group("unknown_rank_");
+}
+
+/* No elements: TensorFlow reads neither tensor_content (of any size) nor the values. */
+static void test_empty_reads_nothing(void **state)
+{
+	(void)state;
+	decode_group("empty_with_");
+}
+
+/* Strings in tensor_content, as TensorFlow writes them (varint lengths, then the bytes). */
+static void test_string_content_read(void **state)
+{
+	(void)state;
+	decode_group("string_content_");
+}
+
+/* ... and refused when the lengths do not describe the content exactly. */
+static void test_string_content_refused(void **state)
+{
+	(void)state;
+	refuse_group("string_content_");
+}
+
+/* A bool tensor_content byte other than 0 and 1: TensorFlow refuses it. */
+static void test_bool_content_refused(void **state)
+{
+	(void)state;
+	refuse_group("bool_content_");
+}
+
+/* Shapes TensorFlow refuses (a negative dimension, too many elements), and DT_INVALID. */
+static void test_bad_shape_or_dtype_refused(void **state)
+{
+	(void)state;
+	refuse_group("shape_");
+	refuse_group("dtype_");
 }
 
 /* Round trip through tfab alone, with a larger tensor than the vectors hold. */
@@ -209,6 +358,17 @@ int main(void)
 	    cmocka_unit_test(test_decode_protoc_bytes),
 	    cmocka_unit_test(test_round_trip_large),
 	    cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_no_shape_is_scalar),
+	    cmocka_unit_test(test_unknown_rank_ignored),
+	    cmocka_unit_test(test_more_values_truncated),
+	    cmocka_unit_test(test_fewer_values_repeat_last),
+	    cmocka_unit_test(test_no_values_default),
+	    cmocka_unit_test(test_content_wrong_size_refused),
+	    cmocka_unit_test(test_empty_reads_nothing),
+	    cmocka_unit_test(test_string_content_read),
+	    cmocka_unit_test(test_string_content_refused),
+	    cmocka_unit_test(test_bool_content_refused),
+	    cmocka_unit_test(test_bad_shape_or_dtype_refused),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
