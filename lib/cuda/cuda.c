@@ -156,7 +156,7 @@ int tfab__cuda_copy_test(struct tfab_cuda *cu, void *ev)
 
 int tfab__cuda_copy(struct tfab_cuda *cu, void *dst, const void *src, size_t n, bool to_device)
 {
-	void *ev;
+	void *ev = NULL; /* gcc cannot see that a 0 from copy_start set it */
 	int rc = tfab__cuda_copy_start(cu, dst, src, n, to_device, &ev);
 
 	while (rc == 0)
