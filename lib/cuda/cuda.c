@@ -3,6 +3,11 @@
  * on machines without a GPU), or the emulation. Copies run on one non-blocking stream per
  * context and are tracked with events; device pointers may be on any device (unified
  * addressing, cudaMemcpyDefault).
+ *
+ * The runtime library is not linked: it is loaded (dlopen) at the first open that is not
+ * emulated, that is at the first GPU tensor, once per process and never unloaded, so that
+ * CPU-only users and machines without the runtime never load it. CUDA's headers still give
+ * the types and the prototypes the functions are called through.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -15,6 +20,11 @@
 #include "util/log.h"
 
 #ifdef TFAB_HAVE_CUDA
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+
 #include <cuda_runtime_api.h>
 #endif
 
@@ -33,6 +43,91 @@ const char *tfab__cuda_absent_reason(void)
 {
 	return absent;
 }
+
+#ifdef TFAB_HAVE_CUDA
+/*
+ * The runtime functions used here. The names go through the header's macros (with a
+ * per-thread default stream cudaMemcpyAsync is cudaMemcpyAsync_ptsz), so the symbols looked
+ * up are those a linked build would call, and rt.cudaMemcpyAsync(...) reads like the call.
+ */
+#define CUDART_FUNCS(X)              \
+	X(cudaGetDeviceCount)        \
+	X(cudaGetErrorString)        \
+	X(cudaStreamCreateWithFlags) \
+	X(cudaStreamDestroy)         \
+	X(cudaEventCreateWithFlags)  \
+	X(cudaEventRecord)           \
+	X(cudaEventQuery)            \
+	X(cudaEventDestroy)          \
+	X(cudaMemcpyAsync)
+
+#define CUDART_STR_(x) #x
+#define CUDART_STR(x) CUDART_STR_(x)
+#define CUDART_FIELD(fn) __typeof__(fn) *fn;
+#define CUDART_SYM(fn) {CUDART_STR(fn), offsetof(struct cudart, fn)},
+
+struct cudart {
+	CUDART_FUNCS(CUDART_FIELD)
+};
+
+static const struct {
+	const char *name;
+	size_t offset;
+} cudart_syms[] = {CUDART_FUNCS(CUDART_SYM)};
+
+/* POSIX: dlsym's object pointer holds a function pointer. */
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)), "dlsym cannot return functions");
+
+/* Written once under cudart_once, read-only after: no lock on the copy path. */
+static struct cudart rt;
+static bool cudart_loaded;
+static char cudart_absent[512];
+static pthread_once_t cudart_once = PTHREAD_ONCE_INIT;
+
+/*
+ * The runtime of the toolkit's major version this was built with (CUDART_VERSION 13000:
+ * libcudart.so.13), else whatever libcudart.so is. It stays loaded for the life of the
+ * process: streams and events of any context may still use it.
+ */
+static void cudart_load(void)
+{
+	char soname[32], err[256];
+	const char *name = soname, *e;
+	void *h;
+
+	snprintf(soname, sizeof(soname), "libcudart.so.%d", CUDART_VERSION / 1000);
+	h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(err, sizeof(err), "%s", dlerror());
+		name = "libcudart.so";
+		h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+		if (!h) {
+			TFAB_DEBUG(SUBSYS, "no %s either: %s", name, dlerror());
+			snprintf(cudart_absent, sizeof(cudart_absent),
+				 "the CUDA runtime %s could not be loaded: %s", soname, err);
+			return;
+		}
+	}
+	for (size_t i = 0; i < sizeof(cudart_syms) / sizeof(cudart_syms[0]); i++) {
+		void *sym;
+
+		dlerror();
+		sym = dlsym(h, cudart_syms[i].name);
+		if (!sym) {
+			e = dlerror();
+			snprintf(cudart_absent, sizeof(cudart_absent),
+				 "the CUDA runtime %s could not be loaded: %s", name,
+				 e ? e : "a function is NULL");
+			memset(&rt, 0, sizeof(rt));
+			dlclose(h); /* nothing holds a function of it yet */
+			return;
+		}
+		memcpy((char *)&rt + cudart_syms[i].offset, &sym, sizeof(sym));
+	}
+	cudart_loaded = true;
+	TFAB_INFO(SUBSYS, "loaded the CUDA runtime %s", name);
+}
+#endif
 
 /* An emulated copy: done on its second test, so callers see a copy in progress too. */
 struct emu_copy {
@@ -56,20 +151,27 @@ int tfab__cuda_open(const struct tfab_config *cfg, struct tfab_cuda **cu_p)
 	}
 #ifdef TFAB_HAVE_CUDA
 	int n = 0; /* left untouched when the driver is missing */
-	cudaError_t e = cudaGetDeviceCount(&n);
+	cudaError_t e;
 
+	pthread_once(&cudart_once, cudart_load);
+	if (!cudart_loaded) {
+		absent = cudart_absent;
+		TFAB_INFO(SUBSYS, "%s", absent);
+		return 0;
+	}
+	e = rt.cudaGetDeviceCount(&n);
 	if (e != cudaSuccess || n == 0) {
 		absent = "no CUDA device on this machine";
 		TFAB_INFO(SUBSYS, "%s (%s)", absent,
-			  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+			  e != cudaSuccess ? rt.cudaGetErrorString(e) : "0 devices");
 		return 0;
 	}
 	cu = calloc(1, sizeof(*cu));
 	if (!cu)
 		return -ENOMEM;
-	e = cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking);
+	e = rt.cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking);
 	if (e != cudaSuccess) {
-		TFAB_ERROR(SUBSYS, "cudaStreamCreateWithFlags: %s", cudaGetErrorString(e));
+		TFAB_ERROR(SUBSYS, "cudaStreamCreateWithFlags: %s", rt.cudaGetErrorString(e));
 		free(cu);
 		return -EIO;
 	}
@@ -84,7 +186,7 @@ void tfab__cuda_close(struct tfab_cuda *cu)
 		return;
 #ifdef TFAB_HAVE_CUDA
 	if (!cu->emulate)
-		cudaStreamDestroy(cu->stream);
+		rt.cudaStreamDestroy(cu->stream);
 #endif
 	free(cu);
 }
@@ -92,7 +194,7 @@ void tfab__cuda_close(struct tfab_cuda *cu)
 #ifdef TFAB_HAVE_CUDA
 static int cuda_status(cudaError_t e, const char *what)
 {
-	TFAB_ERROR(SUBSYS, "%s: %s", what, cudaGetErrorString(e));
+	TFAB_ERROR(SUBSYS, "%s: %s", what, rt.cudaGetErrorString(e));
 	return -EIO;
 }
 #endif
@@ -111,16 +213,16 @@ int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size
 	}
 #ifdef TFAB_HAVE_CUDA
 	cudaEvent_t ev;
-	cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+	cudaError_t e = rt.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
 
 	if (e != cudaSuccess)
 		return cuda_status(e, "cudaEventCreateWithFlags");
 	(void)to_device; /* unified addressing tells the direction */
-	e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, cu->stream);
+	e = rt.cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, cu->stream);
 	if (e == cudaSuccess)
-		e = cudaEventRecord(ev, cu->stream);
+		e = rt.cudaEventRecord(ev, cu->stream);
 	if (e != cudaSuccess) {
-		cudaEventDestroy(ev);
+		rt.cudaEventDestroy(ev);
 		return cuda_status(e, "cudaMemcpyAsync");
 	}
 	*ev_p = ev;
@@ -142,11 +244,11 @@ int tfab__cuda_copy_test(struct tfab_cuda *cu, void *ev)
 		return 1;
 	}
 #ifdef TFAB_HAVE_CUDA
-	cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+	cudaError_t e = rt.cudaEventQuery((cudaEvent_t)ev);
 
 	if (e == cudaErrorNotReady)
 		return 0;
-	cudaEventDestroy((cudaEvent_t)ev);
+	rt.cudaEventDestroy((cudaEvent_t)ev);
 	return e == cudaSuccess ? 1 : cuda_status(e, "a copy between GPU and host");
 #else
 	(void)ev;
@@ -156,7 +258,7 @@ int tfab__cuda_copy_test(struct tfab_cuda *cu, void *ev)
 
 int tfab__cuda_copy(struct tfab_cuda *cu, void *dst, const void *src, size_t n, bool to_device)
 {
-	void *ev;
+	void *ev = NULL; /* gcc cannot see that a 0 from copy_start set it */
 	int rc = tfab__cuda_copy_start(cu, dst, src, n, to_device, &ev);
 
 	while (rc == 0)

@@ -1,11 +1,13 @@
 /*
  * Copies between CUDA device memory and registered host memory, for the proxy path of GPU
  * tensors (the fabric cannot reach GPU memory, so the content goes through a host block). One
- * small interface over three implementations: the CUDA runtime (a build with CUDA and a
- * device present), an emulation that treats device pointers as host memory (TFAB_CUDA_EMULATE=1:
- * tests of the proxy pipeline on machines without a GPU), or none.
+ * small interface over three implementations: the CUDA runtime (a build with CUDA, the runtime
+ * library loadable and a device present), an emulation that treats device pointers as host
+ * memory (TFAB_CUDA_EMULATE=1: tests of the proxy pipeline on machines without a GPU), or none.
+ * The runtime library is loaded at the first tfab__cuda_open that is not emulated, once per
+ * process, and stays loaded.
  *
- * Not thread-safe: the engine calls it under the context lock.
+ * Not thread-safe, but for that load: the engine calls it under the context lock.
  */
 #ifndef TFAB_CUDA_CUDA_H
 #define TFAB_CUDA_CUDA_H
@@ -18,12 +20,16 @@ struct tfab_cuda;
 
 /*
  * The copier for this context: *cu_p gets NULL (and 0 comes back) when the build has no CUDA,
- * or no device is present, and emulation is off; the reason is logged once at info level.
+ * the CUDA runtime cannot be loaded, or no device is present, and emulation is off; the reason
+ * is logged at info level.
  */
 int tfab__cuda_open(const struct tfab_config *cfg, struct tfab_cuda **cu_p);
 void tfab__cuda_close(struct tfab_cuda *cu);
 
-/* Why there is no copier ("built without CUDA", "no CUDA device: ..."), for error messages. */
+/*
+ * Why there is no copier ("built without CUDA", "the CUDA runtime libcudart.so.13 could not be
+ * loaded: ...", "no CUDA device on this machine"), for error messages.
+ */
 const char *tfab__cuda_absent_reason(void);
 
 /* Start copying n bytes, to the device or from it; *ev_p gets the copy to test. */

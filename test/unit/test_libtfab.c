@@ -1,6 +1,10 @@
 /*
  * Tests of the shared libtfab as an application sees it: the public header alone, the
- * version, and that only tfab_* symbols are exported (internal tfab__* stay hidden).
+ * version, that only tfab_* symbols are exported (internal tfab__* stay hidden), and that
+ * CPU-only use never loads CUDA.
+ *
+ * With --cpu-only (a separate test: it needs a fabric, and exits 77 without one), tensors go
+ * between two contexts of this process, and CUDA must stay unloaded until a CUDA tensor comes.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,8 +14,12 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <tfab/tfab.h>
 
@@ -81,13 +89,219 @@ static void test_exports(void **state)
 			fail_msg("%s is exported", internal[i]);
 }
 
-int main(void)
+static int find_cuda(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	const char *base = strrchr(info->dlpi_name, '/');
+
+	(void)size;
+	base = base ? base + 1 : info->dlpi_name;
+	if (strncmp(base, "libcudart.", 10) != 0 && strncmp(base, "libcuda.", 8) != 0)
+		return 0;
+	snprintf(arg, 256, "%s", info->dlpi_name);
+	return 1;
+}
+
+/* The CUDA runtime or driver library mapped into this process, or NULL. */
+static const char *cuda_loaded(void)
+{
+	static char name[256];
+
+	return dl_iterate_phdr(find_cuda, name) ? name : NULL;
+}
+
+/* CPU-only users never load CUDA: loading libtfab must not bring the CUDA runtime (issue 9). */
+static void test_no_cuda_at_load(void **state)
+{
+	const char *name = cuda_loaded();
+
+	(void)state;
+	if (name)
+		fail_msg("%s is loaded with libtfab", name);
+}
+
+static bool no_cuda(void)
+{
+	const char *name = cuda_loaded();
+
+	if (name)
+		fprintf(stderr, "%s is loaded\n", name);
+	return !name;
+}
+
+#define CHECK(cond)                                                                \
+	do {                                                                       \
+		if (!(cond)) {                                                     \
+			fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #cond); \
+			goto out;                                                  \
+		}                                                                  \
+	} while (0)
+
+struct flag {
+	int done, status;
+	DLManagedTensor *m;
+};
+
+static void on_sent(void *arg, int status)
+{
+	struct flag *f = arg;
+
+	f->status = status;
+	f->done = 1;
+}
+
+static void on_recv(void *arg, int status, DLManagedTensor *m, bool is_dead)
+{
+	struct flag *f = arg;
+
+	(void)is_dead;
+	f->status = status;
+	f->m = m;
+	f->done = 1;
+}
+
+/* Drive both contexts until both flags are up, at most 20 s. */
+static bool wait_both(struct tfab_context *a, struct tfab_context *b, const struct flag *fa,
+		      const struct flag *fb)
+{
+	struct timespec start, now;
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	while (!fa->done || !fb->done) {
+		if (tfab_progress(a) < 0 || tfab_progress(b) < 0)
+			return false;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - start.tv_sec > 20)
+			return false;
+	}
+	return true;
+}
+
+/* The last error the library logged: why a CUDA tensor was refused. */
+static char last_error[512];
+
+static void log_sink(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	(void)arg;
+	if (level == TFAB_LOG_ERROR)
+		snprintf(last_error, sizeof(last_error), "%s", msg);
+	fprintf(stderr, "tfab %s [%s] %s\n", tfab_log_level_name(level), subsys, msg);
+}
+
+/* Connect a peer of a and one of b through their blobs. */
+static int pair(struct tfab_context *a, struct tfab_context *b, struct tfab_peer **pa_p,
+		struct tfab_peer **pb_p)
+{
+	unsigned char blob_a[1024], blob_b[1024];
+	size_t la = sizeof(blob_a), lb = sizeof(blob_b);
+	int rc;
+
+	rc = tfab_peer_create(a, pa_p);
+	if (rc == 0)
+		rc = tfab_peer_create(b, pb_p);
+	if (rc == 0)
+		rc = tfab_peer_blob(*pa_p, blob_a, &la);
+	if (rc == 0)
+		rc = tfab_peer_blob(*pb_p, blob_b, &lb);
+	if (rc == 0)
+		rc = tfab_peer_connect(*pa_p, blob_b, lb);
+	if (rc == 0)
+		rc = tfab_peer_connect(*pb_p, blob_a, la);
+	return rc;
+}
+
+/*
+ * CPU tensors from a to b, into a destination of the library's and into one of ours; then a
+ * CUDA tensor under TFAB_CUDA_EMULATE=1, which loads nothing either; and last a real CUDA
+ * tensor, which loads the runtime or is refused with the reason why.
+ */
+static int cpu_only(void)
+{
+	struct tfab_context *a = NULL, *b = NULL, *emu = NULL;
+	struct tfab_peer *pa = NULL, *pb = NULL;
+	float src[256], dst[256] = {0};
+	int64_t shape = 256;
+	DLTensor t = {.data = src,
+		      .device = {kDLCPU, 0},
+		      .ndim = 1,
+		      .dtype = {kDLFloat, 32, 1},
+		      .shape = &shape};
+	DLTensor d = t;
+	struct flag fs = {0}, fr = {0};
+	const char *name;
+	int rc, ret = 1;
+
+	tfab_log_set_sink(log_sink, NULL);
+	CHECK(no_cuda());
+	rc = tfab_context_create(&a);
+	if (rc == -TFAB_ERR_NO_FABRIC) {
+		printf("SKIP: no fabric for this test (%s)\n", tfab_strerror(rc));
+		return 77;
+	}
+	CHECK(rc == 0);
+	CHECK(tfab_context_create(&b) == 0);
+	CHECK(pair(a, b, &pa, &pb) == 0);
+	for (int i = 0; i < 256; i++)
+		src[i] = (float)i / 4;
+
+	CHECK(tfab_send(a, "cpu", 1, &t, false, on_sent, &fs) == 0);
+	CHECK(tfab_recv(b, pb, "cpu", 1, NULL, on_recv, &fr) == 0);
+	CHECK(wait_both(a, b, &fs, &fr));
+	CHECK(fs.status == 0 && fr.status == 0 && fr.m);
+	CHECK(memcmp(fr.m->dl_tensor.data, src, sizeof(src)) == 0);
+	fr.m->deleter(fr.m);
+	fs = (struct flag){0}, fr = (struct flag){0};
+	d.data = dst;
+	CHECK(tfab_send(a, "cpu", 2, &t, false, on_sent, &fs) == 0);
+	CHECK(tfab_recv(b, pb, "cpu", 2, &d, on_recv, &fr) == 0);
+	CHECK(wait_both(a, b, &fs, &fr));
+	CHECK(fs.status == 0 && fr.status == 0 && memcmp(dst, src, sizeof(src)) == 0);
+	CHECK(no_cuda());
+
+	/* Emulation takes the "device" memory as host memory: no runtime to load. */
+	setenv("TFAB_CUDA_EMULATE", "1", 1);
+	rc = tfab_context_create(&emu);
+	unsetenv("TFAB_CUDA_EMULATE");
+	CHECK(rc == 0);
+	t.device.device_type = kDLCUDA;
+	fs = (struct flag){0};
+	CHECK(tfab_send(emu, "emulated", 3, &t, false, on_sent, &fs) == 0);
+	CHECK(tfab_context_destroy(emu) == 0);
+	emu = NULL;
+	CHECK(fs.done && fs.status == -TFAB_ERR_ABORTED);
+	CHECK(no_cuda());
+
+	/* A CUDA tensor for real: now the runtime is loaded, or the refusal says why not. */
+	d.device.device_type = kDLCUDA;
+	last_error[0] = '\0';
+	fr = (struct flag){0};
+	rc = tfab_recv(b, pb, "gpu", 4, &d, on_recv, &fr);
+	name = cuda_loaded();
+	printf("a receive into a CUDA tensor: %s; %s%s\n", tfab_strerror(rc),
+	       name ? "loaded " : "nothing loaded: ", name ? name : last_error);
+	CHECK(rc == 0 || rc == -EOPNOTSUPP);
+	CHECK(rc == 0 || *last_error);
+	CHECK(name || strstr(last_error, "could not be loaded") ||
+	      strstr(last_error, "built without CUDA"));
+	ret = 0;
+out:
+	tfab_peer_destroy(pa);
+	tfab_peer_destroy(pb);
+	tfab_context_destroy(emu);
+	tfab_context_destroy(b);
+	tfab_context_destroy(a);
+	return ret;
+}
+
+int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_version),  cmocka_unit_test(test_strerror),
 	    cmocka_unit_test(test_settings), cmocka_unit_test(test_from_shared_library),
-	    cmocka_unit_test(test_exports),
+	    cmocka_unit_test(test_exports),  cmocka_unit_test(test_no_cuda_at_load),
 	};
+
+	if (argc == 2 && strcmp(argv[1], "--cpu-only") == 0)
+		return cpu_only();
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
