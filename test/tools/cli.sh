@@ -99,11 +99,50 @@ if [ "$verbs" = device ]; then
 		grep -q 'TFAB_VERBS_DEVICE=nosuchdev0 matches no device; there are: ' "$out/err"
 fi
 
+"$bin/tfab-perf" --help >"$out/help"
+check "tfab-perf --help exits 0" [ $? = 0 ]
+check "... naming the tests raw, tensor and all" grep -q '^usage: tfab-perf \[raw|tensor|all\] ' \
+	"$out/help"
+check "... and every option with its default" python3 -c '
+import re, sys
+opts, cur = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r" +(?:-\w, )?(--[a-z]+)", line)
+    if m:
+        cur = m.group(1)
+        opts[cur] = line
+    elif cur and line.startswith(" " * 23):
+        opts[cur] += line
+    else:
+        cur = None
+opts = {k: " ".join(v.split()) for k, v in opts.items()}
+want = {
+    "--sizes": "(default 8,4K,64K,1M,64M)",
+    "--iters": "(default about 2 GiB per size, at least 32 and at most 100000)",
+    "--window": "(default 16, but at most 256 MiB and at least 2 in flight; tensor: at most 64)",
+    "--provider": "(default: TFAB_PROVIDER from the environment, else auto)",
+    "--verify": "(default off)",
+    "--device": "cpu (default)",
+    "--timeout": "(default 120000)",
+    "--json": "(default: a table)",
+    "--listen": "(default: a local pair)",
+    "--connect": "",
+    "--help": "",
+}
+assert set(opts) == set(want), sorted(opts)
+for o, w in want.items():
+    assert w in opts[o], (o, opts[o])
+assert re.search(r"^ +all +raw, then tensor \(the default\)$", open(sys.argv[1]).read(), re.M)
+' "$out/help"
 "$bin/tfab-perf" --sizes 1X >/dev/null 2>&1
 check "tfab-perf rejects a bad size" [ $? = 2 ]
 "$bin/tfab-perf" nosuchtest >/dev/null 2>&1
 check "tfab-perf rejects an unknown test" [ $? = 2 ]
 "$bin/tfab-perf" -p bogus -s 8 -n 2 >/dev/null 2>"$out/err"
 check "tfab-perf -p bogus fails cleanly" [ $? = 1 ]
+check "... saying why once" [ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choice' "$out/err")" = 1 ]
+TFAB_PROVIDER=bogus "$bin/tfab-perf" -s 8 -n 2 >/dev/null 2>"$out/err"
+check "TFAB_PROVIDER=bogus tfab-perf fails, saying why once" \
+	[ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choice' "$out/err")" = 1 ]
 
 [ $fails = 0 ]
