@@ -506,6 +506,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "tfab-perf: %s\n", err);
 			return 2;
 		}
+		/* The tensor test's contexts read their settings from the environment. */
+		setenv("TFAB_PROVIDER", provider, 1);
 	}
 	tfab_log_set_level((enum tfab_log_level)p.cfg.log_level);
 	/* Checked once, here: both processes of a pair would say why otherwise. */

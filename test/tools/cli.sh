@@ -145,4 +145,26 @@ TFAB_PROVIDER=bogus "$bin/tfab-perf" -s 8 -n 2 >/dev/null 2>"$out/err"
 check "TFAB_PROVIDER=bogus tfab-perf fails, saying why once" \
 	[ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choice' "$out/err")" = 1 ]
 
+# Runs of both tests on a fabric named with -p: ofi:sockets where it is usable (auto would
+# pick another, so the run shows that -p reaches the tensor test's engine), else the first
+# usable fabric.
+perf_p=$(python3 -c '
+import json, sys
+f = json.load(open(sys.argv[1]))["fabrics"]
+names = [d["backend"] if d["backend"] != "ofi" else "ofi:" + d["fabric"].split(";")[0] for d in f]
+print("ofi:sockets" if "ofi:sockets" in names else names[0] if names else "")
+' "$out/json")
+if [ -n "$perf_p" ]; then
+	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" all -p "$perf_p" -s 8,4K -n 4 --json \
+		>"$out/all" 2>"$out/err"
+	check "tfab-perf all -p $perf_p exits 0" [ $? = 0 ]
+	check "... its tensor rows on the raw rows' backend and fabric" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+raw = [(r["backend"], r["fabric"]) for r in rows if r["test"] == "raw"]
+tensor = [(r["backend"], r["fabric"]) for r in rows if r["test"] == "tensor"]
+assert len(raw) == 2 and len(tensor) == 2 and len(set(raw + tensor)) == 1, (raw, tensor)
+' "$out/all"
+fi
+
 [ $fails = 0 ]
