@@ -158,13 +158,16 @@ if [ -n "$perf_p" ]; then
 	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" all -p "$perf_p" -s 8,4K -n 4 --json \
 		>"$out/all" 2>"$out/err"
 	check "tfab-perf all -p $perf_p exits 0" [ $? = 0 ]
-	check "... its tensor rows on the raw rows' backend and fabric" python3 -c '
+	# A local pair's engine contexts use the raw test's (loopback) domain.
+	check "... its tensor rows on the raw rows' backend, fabric and domain" python3 -c '
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-raw = [(r["backend"], r["fabric"]) for r in rows if r["test"] == "raw"]
-tensor = [(r["backend"], r["fabric"]) for r in rows if r["test"] == "tensor"]
+raw = [(r["backend"], r["fabric"], r["domain"]) for r in rows if r["test"] == "raw"]
+tensor = [(r["backend"], r["fabric"], r["domain"]) for r in rows if r["test"] == "tensor"]
 assert len(raw) == 2 and len(tensor) == 2 and len(set(raw + tensor)) == 1, (raw, tensor)
-' "$out/all"
+fabrics = json.load(open(sys.argv[2]))["fabrics"]
+assert any((f["backend"], f["fabric"], f["domain"]) == raw[0] for f in fabrics), raw[0]
+' "$out/all" "$out/json"
 fi
 
 [ $fails = 0 ]
