@@ -91,7 +91,9 @@ static void usage(FILE *f)
 	    "                       256 MiB and at least 2 in flight; tensor: at most 64)\n"
 	    "  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
 	    "                       (default: TFAB_PROVIDER from the environment, else auto)\n"
-	    "      --verify         check the data and every immediate (default off)\n"
+	    "      --verify         check every byte that arrives (default off): raw checks the\n"
+	    "                       data and every immediate, tensor every tensor against the\n"
+	    "                       pattern its sender filled it with\n"
 	    "      --device D       tensor test buffers: cpu (default) or cuda (GPU memory, sent\n"
 	    "                       and received through the host proxy path)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
@@ -360,15 +362,19 @@ void perf_print_result(const struct perf_opts *o, const char *test, const char *
 		printf(",\"bytes\":%zu,\"iters\":%u,\"window\":%u,\"gbps\":%.3f,\"GBps\":%.3f,"
 		       "\"lat_us\":%.3f,\"verified\":%s",
 		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->lat_us,
-		       o->verify && !r->has_engine ? (r->verified ? "true" : "false") : "null");
+		       o->verify ? (r->verified ? "true" : "false") : "null");
 		if (r->has_engine)
 			printf(",\"copies\":%llu,\"meta_misses\":%llu",
 			       (unsigned long long)r->copies, (unsigned long long)r->meta_misses);
 		printf("}\n");
 	} else if (r->has_engine) {
-		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %llu/%llu\n", r->bytes, r->iters,
-		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, (unsigned long long)r->copies,
-		       (unsigned long long)r->meta_misses);
+		char cm[48];
+
+		snprintf(cm, sizeof(cm), "%llu/%llu", (unsigned long long)r->copies,
+			 (unsigned long long)r->meta_misses);
+		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %-18s %s\n", r->bytes, r->iters,
+		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, cm,
+		       o->verify ? (r->verified ? "yes" : "NO") : "-");
 	} else {
 		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters, r->window,
 		       r->gbps / 8.0, r->gbps, r->lat_us,

@@ -156,8 +156,13 @@ print("ofi:sockets" if "ofi:sockets" in names else names[0] if names else "")
 ' "$out/json")
 if [ -n "$perf_p" ]; then
 	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" all -p "$perf_p" -s 8,4K -n 4 --json \
-		>"$out/all" 2>"$out/err"
-	check "tfab-perf all -p $perf_p exits 0" [ $? = 0 ]
+		--verify >"$out/all" 2>"$out/err"
+	check "tfab-perf all -p $perf_p --verify exits 0" [ $? = 0 ]
+	check "... every row verified" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 4 and all(r["verified"] is True for r in rows), rows
+' "$out/all"
 	# A local pair's engine contexts use the raw test's (loopback) domain.
 	check "... its tensor rows on the raw rows' backend, fabric and domain" python3 -c '
 import json, sys
@@ -168,6 +173,20 @@ assert len(raw) == 2 and len(tensor) == 2 and len(set(raw + tensor)) == 1, (raw,
 fabrics = json.load(open(sys.argv[2]))["fabrics"]
 assert any((f["backend"], f["fabric"], f["domain"]) == raw[0] for f in fabrics), raw[0]
 ' "$out/all" "$out/json"
+
+	# A build that spoils one tensor a size: a bandwidth tensor at the first size (the client
+	# receives it), a ping at the second (the server does), none of an empty one.
+	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf-damaged" tensor -p "$perf_p" -s 8,4K,0 \
+		-n 4 --json --verify >"$out/damaged" 2>"$out/err"
+	check "tfab-perf tensor --verify fails on a damaged tensor" [ $? = 1 ]
+	check "... reporting which sizes" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["verified"] for r in rows] == [False, False, True], rows
+' "$out/damaged"
+	check "... and which tensors" grep -q '8-byte tensor (bw, step 1) arrived unlike' "$out/err"
+	check "... the server's too" grep -q '4096-byte tensor (ping, step [0-9]*) arrived unlike' \
+		"$out/err"
 fi
 
 [ $fails = 0 ]
