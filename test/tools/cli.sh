@@ -20,6 +20,17 @@ d = json.load(open(sys.argv[1]))
 assert d["version"] and d["settings"] and {b["name"] for b in d["backends"]} == {"ofi", "verbs"}
 ' "$out/json"
 usable=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["fabrics"]))' "$out/json")
+if [ "$usable" -gt 0 ]; then
+	# What a context would open: a usable fabric, named even when TFAB_PROVIDER is auto.
+	check "tfab-info --json: the fabric auto selects" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["selected"]
+assert s["fabric"] and s["domain"], s
+assert any((f["backend"], f["fabric"], f["domain"]) == (s["backend"], s["fabric"], s["domain"])
+           for f in d["fabrics"]), s
+' "$out/json"
+fi
 
 "$bin/tfab-info" >"$out/info" 2>"$out/err"
 rc=$?
