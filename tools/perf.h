@@ -55,9 +55,9 @@ struct perf_pair {
 struct perf_result {
 	size_t bytes;
 	unsigned iters, window;
-	double gbps;   /* gigabits per second */
-	double lat_us; /* one-way: half a round trip */
-	bool verified;
+	double gbps;	 /* gigabits per second */
+	double lat_us;	 /* one-way: half a round trip */
+	bool verified;	 /* --verify: every byte arrived as sent */
 	bool has_engine; /* tensor: the engine's counters below are set */
 	uint64_t copies, meta_misses;
 };
@@ -74,6 +74,10 @@ unsigned perf_default_iters(size_t size);
 
 /* Writes in flight when --window is not given. */
 unsigned perf_window_of(size_t size);
+
+/* --verify: fill len bytes with the pattern of seed; whether buf holds that pattern. */
+void perf_fill(uint8_t *buf, size_t len, uint64_t seed);
+bool perf_check(const uint8_t *buf, size_t len, uint64_t seed);
 
 /* Runs the tensor test over the engine; both sides call it. */
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o);

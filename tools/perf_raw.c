@@ -64,7 +64,7 @@ unsigned perf_default_iters(size_t size)
 	return (unsigned)n;
 }
 
-static void fill(uint8_t *buf, size_t len, uint64_t seed)
+void perf_fill(uint8_t *buf, size_t len, uint64_t seed)
 {
 	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
 
@@ -75,7 +75,7 @@ static void fill(uint8_t *buf, size_t len, uint64_t seed)
 	}
 }
 
-static bool check(const uint8_t *buf, size_t len, uint64_t seed)
+bool perf_check(const uint8_t *buf, size_t len, uint64_t seed)
 {
 	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
 
@@ -206,7 +206,7 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	int rc;
 
 	if (o->verify)
-		fill(p->src, size, size);
+		perf_fill(p->src, size, size);
 	rc = wait_ctrl(s, &imm);
 	if (rc)
 		return rc;
@@ -263,7 +263,7 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	}
 	t1 = tfab__now_ns();
 	res->lat_us = (double)(t1 - t0) / 1000.0 / (2.0 * li);
-	if (o->verify && !check(p->dst, size, size + 1))
+	if (o->verify && !perf_check(p->dst, size, size + 1))
 		res->verified = false;
 	return drain(s, posted_signaled);
 }
@@ -278,7 +278,7 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 
 	if (o->verify) {
 		memset(p->dst, 0, size);
-		fill(p->src, size, size + 1);
+		perf_fill(p->src, size, size + 1);
 	}
 	rc = post(s, p->src, 0, IMM_READY, false);
 	if (rc)
@@ -288,7 +288,7 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 		if (!raw_poll(s))
 			return s->err;
 	if (o->verify) {
-		ok = check(p->dst, size, size);
+		ok = perf_check(p->dst, size, size);
 		for (unsigned i = 0; i < s->warmup + s->iters && ok; i++)
 			ok = s->bw_map[i] == 1;
 		if (!ok)

@@ -9,6 +9,10 @@
  *   latency: ping-pong of one tensor each way, receives posted ahead as a pipeline would;
  *     the one-way latency is half a round trip.
  * copies reports the library's bytes_copied (0 on this path), meta_misses its cache misses.
+ * With --verify the sender fills every tensor with a pattern of its key and step, and the
+ * receiver checks every byte of it, in a buffer of its own per bandwidth slot (so the timings
+ * include the filling and checking). The server's verdict on the pings it received goes to
+ * the client after each size, in a tensor of its own.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +22,7 @@
 #include <tfab/tfab.h>
 
 #include "perf.h"
+#include "util/config.h"
 #include "util/sock.h"
 #include "util/time.h"
 
@@ -61,6 +66,23 @@ static int buf_alloc(bool cuda, size_t n, int fill, uint8_t **buf_p)
 #endif
 }
 
+/* Copy n bytes between the host and a buffer from buf_alloc (to_buf: into it). */
+static int buf_copy(bool cuda, uint8_t *buf, uint8_t *host, size_t n, bool to_buf)
+{
+	if (!cuda || emulated()) {
+		memmove(to_buf ? buf : host, to_buf ? host : buf, n);
+		return 0;
+	}
+#ifdef TFAB_HAVE_CUDA
+	if (cudaMemcpy(to_buf ? buf : host, to_buf ? host : buf, n,
+		       to_buf ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) != cudaSuccess)
+		return -EIO;
+	return 0;
+#else
+	return -EOPNOTSUPP;
+#endif
+}
+
 static void buf_release(bool cuda, uint8_t *buf)
 {
 #ifdef TFAB_HAVE_CUDA
@@ -73,32 +95,126 @@ static void buf_release(bool cuda, uint8_t *buf)
 	free(buf);
 }
 
+/*
+ * The domain the context runs on, or "" when unknown. The engine names its backend and fabric
+ * only; an endpoint opened as tfab_context_create opens its own (the settings read from the
+ * environment, not local-only) is on the same domain: the one it reports, if it is on the
+ * same fabric.
+ */
+static void context_domain(struct tfab_context *ctx, char *buf, size_t len)
+{
+	const struct tfab_provider_ops *ops;
+	const struct tfab_caps *caps;
+	struct tfab_config cfg;
+	struct tfab_ep *ep;
+	char err[1024];
+
+	buf[0] = '\0';
+	if (tfab__config_init(&cfg, err, sizeof(err)) ||
+	    tfab__provider_open(&cfg, false, &ops, &ep, err, sizeof(err)))
+		return;
+	caps = ops->caps(ep);
+	if (strcmp(caps->backend, tfab_context_backend(ctx)) == 0 &&
+	    strcmp(caps->fabric, tfab_context_fabric(ctx)) == 0)
+		snprintf(buf, len, "%s", caps->domain);
+	ops->close(ep);
+}
+
+/* One transfer's tensor: a bandwidth slot, a ping-pong side, or a control tensor. */
+struct xfer {
+	struct tstate *s;
+	DLTensor t;
+	int64_t shape;
+	const char *key;
+	int64_t step;
+	uint64_t seed; /* --verify: of the pattern sent, or due to arrive */
+	bool check;    /* --verify: the receive is checked against the pattern */
+	bool busy;     /* posted and not completed */
+};
+
+/*
+ * The run. The transfers live here, not on a stack, because the callbacks of those a failed
+ * run leaves posted come when the context is destroyed.
+ */
 struct tstate {
 	struct tfab_context *ctx;
 	struct tfab_peer *peer;
 	uint64_t deadline;
+	bool verify, cuda;
+	uint8_t *host; /* --verify: a tensor's bytes on the host (its buffer itself on the CPU) */
 	volatile uint64_t sent, received;
+	unsigned damaged; /* --verify: tensors received this size unlike their pattern */
 	volatile int err;
+	struct xfer slots[64]; /* bandwidth */
+	struct xfer tx, rx;    /* the ping-pong */
+	struct xfer ctl;       /* the verdict, the last barrier */
+	uint8_t ctl_byte;
+#ifdef TFAB_PERF_DAMAGE
+	int size_index;	      /* the test build: of the size running */
+	uint64_t damage_seed; /* the tensor whose pattern its sender spoils */
+#endif
 };
+
+/* The pattern of the pong of a step differs from its ping's. */
+#define PONG_SEED(step) ((uint64_t)(step) | 1ull << 63)
+
+/* --verify: the sender's pattern, or before a receive its complement (every byte differs). */
+static int xfer_fill(struct xfer *x, bool complement)
+{
+	struct tstate *s = x->s;
+	size_t n = (size_t)x->shape;
+	uint8_t *h = s->host ? s->host : x->t.data;
+
+	perf_fill(h, n, x->seed);
+	if (complement)
+		for (size_t i = 0; i < n; i++)
+			h[i] = (uint8_t)~h[i];
+#ifdef TFAB_PERF_DAMAGE
+	if (!complement && n && x->seed == s->damage_seed)
+		h[n / 2] ^= 1;
+#endif
+	return s->host ? buf_copy(s->cuda, x->t.data, h, n, true) : 0;
+}
+
+/* --verify: whether a received tensor holds its pattern; says so once a size if not. */
+static void xfer_check(struct xfer *x)
+{
+	struct tstate *s = x->s;
+	size_t n = (size_t)x->shape;
+	uint8_t *h = s->host ? s->host : x->t.data;
+
+	if ((s->host && buf_copy(s->cuda, x->t.data, h, n, false)) || !perf_check(h, n, x->seed)) {
+		if (!s->damaged++)
+			fprintf(stderr,
+				"tfab-perf: a %zu-byte tensor (%s, step %lld) arrived unlike "
+				"what was sent\n",
+				n, x->key, (long long)x->step);
+	}
+}
 
 static void on_sent(void *arg, int status)
 {
-	struct tstate *s = arg;
+	struct xfer *x = arg;
+	struct tstate *s = x->s;
 
 	if (status && !s->err)
 		s->err = status;
+	x->busy = false;
 	s->sent++;
 }
 
 static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 {
-	struct tstate *s = arg;
+	struct xfer *x = arg;
+	struct tstate *s = x->s;
 
-	(void)is_dead;
 	if (t)
 		t->deleter(t);
 	if (status && !s->err)
 		s->err = status;
+	if (status == 0 && x->check && s->verify && !is_dead)
+		xfer_check(x);
+	x->busy = false;
 	s->received++;
 }
 
@@ -115,49 +231,107 @@ static bool wait_count(struct tstate *s, volatile uint64_t *count, uint64_t want
 	return *count >= want && !s->err;
 }
 
-static void tensor_of(DLTensor *t, int64_t *shape, void *data, size_t size, bool cuda)
+static void xfer_init(struct xfer *x, struct tstate *s, void *data, size_t size, bool cuda)
 {
 	/* bytes as uint8 [size]; a zero-size tensor has shape [0] */
-	memset(t, 0, sizeof(*t));
-	*shape = (int64_t)size;
-	t->data = data;
-	t->device.device_type = cuda ? kDLCUDA : kDLCPU;
-	t->ndim = 1;
-	t->dtype.code = kDLUInt;
-	t->dtype.bits = 8;
-	t->dtype.lanes = 1;
-	t->shape = shape;
+	memset(x, 0, sizeof(*x));
+	x->s = s;
+	x->shape = (int64_t)size;
+	x->t.data = data;
+	x->t.device.device_type = cuda ? kDLCUDA : kDLCPU;
+	x->t.ndim = 1;
+	x->t.dtype.code = kDLUInt;
+	x->t.dtype.bits = 8;
+	x->t.dtype.lanes = 1;
+	x->t.shape = &x->shape;
 }
 
+/* Post x as (key, step): a send (filled first with --verify) or a receive. */
+static int xfer_post(struct xfer *x, bool send, const char *key, int64_t step, uint64_t seed)
+{
+	struct tstate *s = x->s;
+	int rc = 0;
+
+	x->key = key;
+	x->step = step;
+	x->seed = seed;
+	x->check = !send;
+	if (s->verify)
+		rc = xfer_fill(x, !send);
+	if (rc)
+		return rc;
+	x->busy = true;
+	rc = send ? tfab_send(s->ctx, key, step, &x->t, false, on_sent, x)
+		  : tfab_recv(s->ctx, s->peer, key, step, &x->t, on_recv, x);
+	if (rc) {
+		x->busy = false;
+		fprintf(stderr, "tfab-perf: posting: %s\n", tfab_strerror(rc));
+	}
+	return rc;
+}
+
+/*
+ * --verify: the server's verdict on the pings it received goes to the client, which adds it
+ * to its own.
+ */
+static int exchange_verdict(struct tstate *s, bool client, int64_t step, bool *ok_p)
+{
+	struct xfer *x = &s->ctl;
+	int rc;
+
+	s->ctl_byte = s->damaged == 0;
+	xfer_init(x, s, &s->ctl_byte, 1, false);
+	s->sent = s->received = 0;
+	if (client)
+		rc = tfab_recv(s->ctx, s->peer, "verdict", step, &x->t, on_recv, x);
+	else
+		rc = tfab_send(s->ctx, "verdict", step, &x->t, false, on_sent, x);
+	if (rc == 0 && !wait_count(s, client ? &s->received : &s->sent, 1))
+		rc = s->err;
+	if (rc == 0)
+		*ok_p = s->damaged == 0 && s->ctl_byte == 1;
+	return rc;
+}
+
+/*
+ * One size. bufs[0] and bufs[1]: the shared buffers of the bandwidth slots and of the
+ * ping-pong; slot_bufs: with --verify, a buffer per bandwidth slot instead.
+ */
 static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, unsigned window,
-		    uint8_t **bufs, bool cuda, int64_t step_base, struct perf_result *res)
+		    uint8_t **bufs, uint8_t **slot_bufs, int64_t step_base, struct perf_result *res)
 {
 	unsigned warm = iters / 10 ? iters / 10 : 1, total = warm + iters;
 	unsigned lat_n = iters < 1000 ? iters : 1000, lat_warm = lat_n / 10 ? lat_n / 10 : 1;
-	int64_t shapes[64];
-	DLTensor t[64];
+	struct xfer *tx = &s->tx, *rx = &s->rx;
 	uint64_t posted = 0, t0 = 0, t1;
+	int rc;
 
 	for (unsigned w = 0; w < window; w++)
-		tensor_of(&t[w], &shapes[w], bufs[0], size, cuda);
-	/* the ping-pong's second buffer: its receive must not land in what it sends */
-	tensor_of(&t[1 % window], &shapes[1 % window], bufs[1], size, cuda);
+		xfer_init(&s->slots[w], s, s->verify ? slot_bufs[w] : bufs[0], size, s->cuda);
+	/* the ping-pong: a receive must not land in what this side sends */
+	xfer_init(tx, s, bufs[0], size, s->cuda);
+	xfer_init(rx, s, bufs[1], size, s->cuda);
 	s->sent = s->received = 0;
+	s->damaged = 0;
+#ifdef TFAB_PERF_DAMAGE
+	/* a bandwidth tensor (the client sees it) at one size, a ping (the server) at the next */
+	s->damage_seed = s->size_index % 2 == 0 ? (uint64_t)step_base + warm
+						: (uint64_t)step_base + total + lat_warm;
+#endif
 	/* Bandwidth. */
 	while ((client ? s->received : s->sent) < total) {
 		volatile uint64_t *done = client ? &s->received : &s->sent;
 
 		while (posted < total && posted - *done < window) {
+			struct xfer *x = &s->slots[posted % window];
 			int64_t step = step_base + (int64_t)posted;
-			int rc = client ? tfab_recv(s->ctx, s->peer, "bw", step,
-						    &t[posted % window], on_recv, s)
-					: tfab_send(s->ctx, "bw", step, &t[posted % window], false,
-						    on_sent, s);
 
-			if (rc) {
-				fprintf(stderr, "tfab-perf: posting: %s\n", tfab_strerror(rc));
+			/* completions in another order than posts: wait for this slot's */
+			if (x->busy)
+				break;
+			rc = xfer_post(x, !client, "bw", step, (uint64_t)step);
+			if (rc)
 				return rc;
-			}
 			posted++;
 		}
 		if (!wait_count(s, done, *done + 1))
@@ -171,28 +345,30 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	/* Latency: ping (client to server) and pong, each receive posted one round ahead. */
 	step_base += total;
 	s->sent = s->received = 0;
-	if (!client && tfab_recv(s->ctx, s->peer, "ping", step_base, &t[1 % window], on_recv, s))
-		return -EIO;
+	if (!client && (rc = xfer_post(rx, false, "ping", step_base, (uint64_t)step_base)))
+		return rc;
 	for (unsigned i = 0; i < lat_n + lat_warm; i++) {
 		int64_t step = step_base + i;
 
 		if (i == lat_warm)
 			t0 = tfab__now_ns();
 		if (client) {
-			if (tfab_recv(s->ctx, s->peer, "pong", step, &t[1 % window], on_recv, s) ||
-			    tfab_send(s->ctx, "ping", step, &t[0], false, on_sent, s))
-				return -EIO;
+			rc = xfer_post(rx, false, "pong", step, PONG_SEED(step));
+			if (rc == 0)
+				rc = xfer_post(tx, true, "ping", step, (uint64_t)step);
+			if (rc)
+				return rc;
 			if (!wait_count(s, &s->received, i + 1) || !wait_count(s, &s->sent, i + 1))
 				return s->err;
 		} else {
 			if (!wait_count(s, &s->received, i + 1))
 				return s->err;
 			/* the pong first: the next request is off the critical path */
-			if (tfab_send(s->ctx, "pong", step, &t[0], false, on_sent, s))
-				return -EIO;
-			if (i + 1 < lat_n + lat_warm && tfab_recv(s->ctx, s->peer, "ping", step + 1,
-								  &t[1 % window], on_recv, s))
-				return -EIO;
+			rc = xfer_post(tx, true, "pong", step, PONG_SEED(step));
+			if (rc == 0 && i + 1 < lat_n + lat_warm)
+				rc = xfer_post(rx, false, "ping", step + 1, (uint64_t)step + 1);
+			if (rc)
+				return rc;
 			if (!wait_count(s, &s->sent, i + 1))
 				return s->err;
 		}
@@ -201,18 +377,35 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	res->iters = iters;
 	res->window = window;
 	res->bytes = size;
+	if (s->verify)
+		return exchange_verdict(s, client, step_base + lat_n + lat_warm, &res->verified);
 	return 0;
+}
+
+/* --verify: free the bandwidth slots' buffers, after the context has forgotten them. */
+static void release_slots(struct tstate *s, uint8_t **slot_bufs, size_t len)
+{
+	for (unsigned w = 0; w < 64; w++) {
+		if (!slot_bufs[w])
+			continue;
+		if (s->ctx)
+			tfab_mr_invalidate(s->ctx, slot_bufs[w], len);
+		buf_release(s->cuda, slot_bufs[w]);
+		slot_bufs[w] = NULL;
+	}
 }
 
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 {
-	struct tstate s = {0};
+	struct tstate s = {.verify = o->verify, .cuda = o->cuda};
 	struct tfab_stats st;
-	uint8_t *bufs[64] = {0};
-	size_t maxsize = 1;
+	uint8_t *bufs[2] = {0}, *slot_bufs[64] = {0};
+	char domain[64] = "";
+	size_t maxsize = 1, slot_len = 0;
 	uint16_t port = 0;
 	uint32_t mlen;
 	int rc, tmo = (int)p->cfg.connect_timeout_ms;
+	bool failed = false;
 	int64_t step_base = 0;
 
 	for (int i = 0; i < o->nsizes; i++)
@@ -239,11 +432,20 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		fprintf(stderr, "tfab-perf: connecting the tensor pair: %s\n", tfab_strerror(rc));
 		goto out;
 	}
+	if (p->client)
+		context_domain(s.ctx, domain, sizeof(domain));
 	if (p->client && !o->json) {
-		printf("tfab-perf tensor: %s %s\n", tfab_context_backend(s.ctx),
-		       tfab_context_fabric(s.ctx));
-		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
-		       "Gb/s", "lat_us", "copies/meta_misses");
+		printf("tfab-perf tensor: %s %s on %s\n", tfab_context_backend(s.ctx),
+		       tfab_context_fabric(s.ctx), domain[0] ? domain : "?");
+		printf("%12s %9s %7s %10s %10s %10s   %-18s %s\n", "bytes", "iters", "window",
+		       "GB/s", "Gb/s", "lat_us", "copies/meta_misses", "verified");
+	}
+	for (unsigned w = 0; w < 2 && rc == 0; w++)
+		rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);
+	/* GPU memory is filled and checked through the host. */
+	if (rc == 0 && o->verify && o->cuda && !emulated()) {
+		s.host = malloc(maxsize);
+		rc = s.host ? 0 : -ENOMEM;
 	}
 	for (int i = 0; i < o->nsizes && rc == 0; i++) {
 		size_t size = o->sizes[i];
@@ -253,13 +455,19 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 
 		if (window > 64)
 			window = 64;
-		for (unsigned w = 0; w < 2 && rc == 0; w++)
-			if (!bufs[w])
-				rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);
-		if (rc)
-			break;
+		if (o->verify && (size > slot_len || !slot_bufs[window - 1])) {
+			release_slots(&s, slot_bufs, slot_len);
+			slot_len = size ? size : 1;
+			for (unsigned w = 0; w < window && rc == 0; w++)
+				rc = buf_alloc(o->cuda, slot_len, 0, &slot_bufs[w]);
+			if (rc)
+				break;
+		}
 		s.deadline = tfab__now_ms() + (uint64_t)o->timeout_ms;
-		rc = run_size(&s, p->client, size, iters, window, bufs, o->cuda, step_base, &r);
+#ifdef TFAB_PERF_DAMAGE
+		s.size_index = i;
+#endif
+		rc = run_size(&s, p->client, size, iters, window, bufs, slot_bufs, step_base, &r);
 		step_base += 10 * (int64_t)(iters + 2000);
 		if (rc == 0 && p->client) {
 			tfab_get_stats(s.ctx, &st);
@@ -267,23 +475,22 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 			r.meta_misses = st.meta_misses;
 			r.has_engine = true;
 			perf_print_result(o, "tensor", tfab_context_backend(s.ctx),
-					  tfab_context_fabric(s.ctx), NULL, &r);
+					  tfab_context_fabric(s.ctx), domain[0] ? domain : NULL,
+					  &r);
+			failed |= o->verify && !r.verified;
 		}
 	}
 	/* Both sides are done when the client has everything: a last barrier of one tensor. */
 	if (rc == 0) {
-		uint8_t one = 1;
-		int64_t shape;
-		DLTensor t;
-
-		tensor_of(&t, &shape, &one, 1, false);
+		s.ctl_byte = 1;
+		xfer_init(&s.ctl, &s, &s.ctl_byte, 1, false);
 		s.sent = s.received = 0;
 		s.deadline = tfab__now_ms() + (uint64_t)o->timeout_ms;
 		if (p->client) {
-			if (tfab_send(s.ctx, "done", -1, &t, false, on_sent, &s) ||
+			if (tfab_send(s.ctx, "done", -1, &s.ctl.t, false, on_sent, &s.ctl) ||
 			    !wait_count(&s, &s.sent, 1))
 				rc = s.err ? s.err : -EIO;
-		} else if (tfab_recv(s.ctx, s.peer, "done", -1, NULL, on_recv, &s) ||
+		} else if (tfab_recv(s.ctx, s.peer, "done", -1, NULL, on_recv, &s.ctl) ||
 			   !wait_count(&s, &s.received, 1)) {
 			rc = s.err ? s.err : -EIO;
 		}
@@ -291,11 +498,16 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 	if (rc)
 		fprintf(stderr, "tfab-perf tensor (%s): %s\n", p->client ? "client" : "server",
 			tfab_strerror(rc));
+	else if (failed)
+		rc = -EIO;
 out:
 	tfab_peer_destroy(s.peer);
 	tfab_context_destroy(s.ctx);
+	s.ctx = NULL;
+	release_slots(&s, slot_bufs, slot_len);
 	for (int w = 0; w < 2; w++)
 		if (bufs[w])
 			buf_release(o->cuda, bufs[w]);
+	free(s.host);
 	return rc;
 }

@@ -1,7 +1,8 @@
 /*
  * tfab-info: the version, the backends built in, the fabrics usable on this machine with their
- * capabilities, the backend TFAB_PROVIDER selects, and every setting with its default, current
- * value and help. --json prints the same as one object.
+ * capabilities, the backend TFAB_PROVIDER selects (and the fabric and domain a context opens
+ * there), and every setting with its default, current value and help. --json prints the same
+ * as one object.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,27 @@ static void collect(void *arg, const struct tfab_fabric_desc *d)
 		fl->d[fl->n++] = *d;
 }
 
+/*
+ * The fabric and domain a context would open: selection names no fabric for auto, or for a
+ * backend alone, and the backend picks one when it opens. Open as tfab_context_create does,
+ * and ask.
+ */
+static int opened(const struct tfab_config *cfg, char *fabric, char *domain, size_t len,
+		  char *errbuf, size_t errlen)
+{
+	const struct tfab_provider_ops *ops;
+	struct tfab_ep *ep;
+	int rc;
+
+	rc = tfab__provider_open(cfg, false, &ops, &ep, errbuf, errlen);
+	if (rc)
+		return rc;
+	snprintf(fabric, len, "%s", ops->caps(ep)->fabric);
+	snprintf(domain, len, "%s", ops->caps(ep)->domain);
+	ops->close(ep);
+	return 0;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: tfab-info [--json]\n"
@@ -38,6 +60,7 @@ int main(int argc, char **argv)
 	const struct tfab_provider_ops *sel = NULL;
 	struct fabric_list fl = {.n = 0};
 	char cfgerr[256] = "", selerr[768] = "", fabric[64] = "";
+	char opened_fabric[64] = "", domain[64] = "";
 	struct tfab_config cfg;
 	size_t nset;
 	const struct tfab_config_entry *table = tfab__config_table(&nset);
@@ -60,6 +83,9 @@ int main(int argc, char **argv)
 	for (size_t i = 0; provs[i]; i++)
 		provs[i]->probe(&cfg, NULL, collect, &fl);
 	sel_rc = tfab__provider_select(&cfg, &sel, fabric, sizeof(fabric), selerr, sizeof(selerr));
+	if (sel_rc == 0)
+		sel_rc =
+		    opened(&cfg, opened_fabric, domain, sizeof(domain), selerr, sizeof(selerr));
 
 	if (json) {
 		printf("{\"version\":");
@@ -96,7 +122,9 @@ int main(int argc, char **argv)
 			printf("{\"backend\":");
 			json_str(stdout, sel->name);
 			printf(",\"fabric\":");
-			json_str(stdout, fabric[0] ? fabric : NULL);
+			json_str(stdout, opened_fabric);
+			printf(",\"domain\":");
+			json_str(stdout, domain);
 			printf("}");
 		} else {
 			printf("null,\"error\":");
@@ -144,7 +172,8 @@ int main(int argc, char **argv)
 			       fl.d[i].domain, fl.d[i].detail);
 		printf("\nSelected: ");
 		if (sel_rc == 0)
-			printf("%s%s%s\n", sel->name, fabric[0] ? ":" : "", fabric);
+			printf("%s%s%s\n  opens %s on %s\n", sel->name, fabric[0] ? ":" : "",
+			       fabric, opened_fabric, domain);
 		else
 			printf("none\n");
 		printf("\nSettings:\n");

@@ -78,24 +78,32 @@ static void usage(FILE *f)
 {
 	fprintf(
 	    f,
-	    "usage: tfab-perf [raw] [options]\n"
-	    "  Measures write-with-immediate bandwidth and latency between two processes.\n"
+	    "usage: tfab-perf [raw|tensor|all] [options]\n"
+	    "  Measures bandwidth and latency between two processes:\n"
+	    "    raw      writes with immediate through the provider interface\n"
+	    "    tensor   whole tensors through the engine (request, meta-data, content write)\n"
+	    "    all      raw, then tensor (the default)\n"
 	    "  Without --listen/--connect it starts a local pair of processes itself.\n\n"
 	    "  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
-	    "  -n, --iters N        writes per size (default: about 1 GiB per size)\n"
-	    "  -w, --window N       writes in flight for bandwidth (default 16, at most 256 MiB)\n"
+	    "  -n, --iters N        transfers per size (default about 2 GiB per size, at least 32\n"
+	    "                       and at most 100000), after a tenth as many to warm up\n"
+	    "  -w, --window N       transfers in flight for bandwidth (default 16, but at most\n"
+	    "                       256 MiB and at least 2 in flight; tensor: at most 64)\n"
 	    "  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
-	    "      --verify         check the data and every immediate\n"
+	    "                       (default: TFAB_PROVIDER from the environment, else auto)\n"
+	    "      --verify         check every byte that arrives (default off): raw checks the\n"
+	    "                       data and every immediate, tensor every tensor against the\n"
+	    "                       pattern its sender filled it with\n"
 	    "      --device D       tensor test buffers: cpu (default) or cuda (GPU memory, sent\n"
 	    "                       and received through the host proxy path)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
-	    "      --json           one JSON object per size\n"
-	    "      --listen PORT    be the server, on this TCP port\n"
+	    "      --json           one JSON object per size (default: a table)\n"
+	    "      --listen PORT    be the server, on this TCP port (default: a local pair)\n"
 	    "      --connect H:P    be the client of a server at host:port\n"
 	    "  -h, --help\n\n"
 	    "JSON fields: test, backend, fabric, domain, bytes, iters, window, gbps (gigabits per\n"
-	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), "
-	    "verified.\n");
+	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified\n"
+	    "(null without --verify); tensor adds copies and meta_misses.\n");
 }
 
 static int parse_sizes(const char *text, struct perf_opts *o)
@@ -354,15 +362,19 @@ void perf_print_result(const struct perf_opts *o, const char *test, const char *
 		printf(",\"bytes\":%zu,\"iters\":%u,\"window\":%u,\"gbps\":%.3f,\"GBps\":%.3f,"
 		       "\"lat_us\":%.3f,\"verified\":%s",
 		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->lat_us,
-		       o->verify && !r->has_engine ? (r->verified ? "true" : "false") : "null");
+		       o->verify ? (r->verified ? "true" : "false") : "null");
 		if (r->has_engine)
 			printf(",\"copies\":%llu,\"meta_misses\":%llu",
 			       (unsigned long long)r->copies, (unsigned long long)r->meta_misses);
 		printf("}\n");
 	} else if (r->has_engine) {
-		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %llu/%llu\n", r->bytes, r->iters,
-		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, (unsigned long long)r->copies,
-		       (unsigned long long)r->meta_misses);
+		char cm[48];
+
+		snprintf(cm, sizeof(cm), "%llu/%llu", (unsigned long long)r->copies,
+			 (unsigned long long)r->meta_misses);
+		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %-18s %s\n", r->bytes, r->iters,
+		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, cm,
+		       o->verify ? (r->verified ? "yes" : "NO") : "-");
 	} else {
 		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters, r->window,
 		       r->gbps / 8.0, r->gbps, r->lat_us,
@@ -483,8 +495,9 @@ int main(int argc, char **argv)
 {
 	struct perf_opts o = {.tests = PERF_RAW | PERF_TENSOR};
 	struct perf_pair p = {.sock = -1};
+	const struct tfab_provider_ops *ops;
 	const char *provider = NULL;
-	char err[512];
+	char err[1024], fabric[64];
 	int rc;
 
 	rc = parse_args(argc, argv, &o, &provider);
@@ -494,11 +507,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tfab-perf: %s\n", err);
 		return 1;
 	}
-	if (provider && tfab__config_set(&p.cfg, "TFAB_PROVIDER", provider, err, sizeof(err))) {
-		fprintf(stderr, "tfab-perf: %s\n", err);
-		return 2;
+	if (provider) {
+		if (tfab__config_set(&p.cfg, "TFAB_PROVIDER", provider, err, sizeof(err))) {
+			fprintf(stderr, "tfab-perf: %s\n", err);
+			return 2;
+		}
+		/* The tensor test's contexts read their settings from the environment. */
+		setenv("TFAB_PROVIDER", provider, 1);
 	}
 	tfab_log_set_level((enum tfab_log_level)p.cfg.log_level);
+	/* Checked once, here: both processes of a pair would say why otherwise. */
+	if (tfab__provider_select(&p.cfg, &ops, fabric, sizeof(fabric), err, sizeof(err))) {
+		fprintf(stderr, "tfab-perf: %s\n", err);
+		return 1;
+	}
 
 	if (o.listen_port || o.connect_to) {
 		char host[256];

@@ -1,6 +1,7 @@
 /* TCP bootstrap sockets with bounded waits. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -100,7 +101,12 @@ int tfab__sock_listen(const char *host, uint16_t port, int *fd_p, uint16_t *port
 			continue;
 		}
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
+		/*
+		 * The system's maximum backlog (Linux silently caps it at net.core.somaxconn):
+		 * a connect that overflows the queue is dropped and waits out a SYN
+		 * retransmission, seconds, when many ranks connect at once.
+		 */
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, INT_MAX) == 0) {
 			rc = 0;
 			break;
 		}

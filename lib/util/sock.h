@@ -12,7 +12,10 @@
 /* Split "host:port" ("[v6]:port" too). Returns 0 or -EINVAL. */
 int tfab__sock_parse_hostport(const char *text, char *host, size_t hostlen, uint16_t *port_p);
 
-/* Listen on host (NULL for any) and port (0 for any); the bound port goes to *port_p. */
+/*
+ * Listen on host (NULL for any) and port (0 for any), with the system's maximum backlog; the
+ * bound port goes to *port_p.
+ */
 int tfab__sock_listen(const char *host, uint16_t port, int *fd_p, uint16_t *port_p);
 
 /* Accept one connection within timeout_ms. */

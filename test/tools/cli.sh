@@ -20,6 +20,17 @@ d = json.load(open(sys.argv[1]))
 assert d["version"] and d["settings"] and {b["name"] for b in d["backends"]} == {"ofi", "verbs"}
 ' "$out/json"
 usable=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["fabrics"]))' "$out/json")
+if [ "$usable" -gt 0 ]; then
+	# What a context would open: a usable fabric, named even when TFAB_PROVIDER is auto.
+	check "tfab-info --json: the fabric auto selects" python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["selected"]
+assert s["fabric"] and s["domain"], s
+assert any((f["backend"], f["fabric"], f["domain"]) == (s["backend"], s["fabric"], s["domain"])
+           for f in d["fabrics"]), s
+' "$out/json"
+fi
 
 "$bin/tfab-info" >"$out/info" 2>"$out/err"
 rc=$?
@@ -99,11 +110,94 @@ if [ "$verbs" = device ]; then
 		grep -q 'TFAB_VERBS_DEVICE=nosuchdev0 matches no device; there are: ' "$out/err"
 fi
 
+"$bin/tfab-perf" --help >"$out/help"
+check "tfab-perf --help exits 0" [ $? = 0 ]
+check "... naming the tests raw, tensor and all" grep -q '^usage: tfab-perf \[raw|tensor|all\] ' \
+	"$out/help"
+check "... and every option with its default" python3 -c '
+import re, sys
+opts, cur = {}, None
+for line in open(sys.argv[1]):
+    m = re.match(r" +(?:-\w, )?(--[a-z]+)", line)
+    if m:
+        cur = m.group(1)
+        opts[cur] = line
+    elif cur and line.startswith(" " * 23):
+        opts[cur] += line
+    else:
+        cur = None
+opts = {k: " ".join(v.split()) for k, v in opts.items()}
+want = {
+    "--sizes": "(default 8,4K,64K,1M,64M)",
+    "--iters": "(default about 2 GiB per size, at least 32 and at most 100000)",
+    "--window": "(default 16, but at most 256 MiB and at least 2 in flight; tensor: at most 64)",
+    "--provider": "(default: TFAB_PROVIDER from the environment, else auto)",
+    "--verify": "(default off)",
+    "--device": "cpu (default)",
+    "--timeout": "(default 120000)",
+    "--json": "(default: a table)",
+    "--listen": "(default: a local pair)",
+    "--connect": "",
+    "--help": "",
+}
+assert set(opts) == set(want), sorted(opts)
+for o, w in want.items():
+    assert w in opts[o], (o, opts[o])
+assert re.search(r"^ +all +raw, then tensor \(the default\)$", open(sys.argv[1]).read(), re.M)
+' "$out/help"
 "$bin/tfab-perf" --sizes 1X >/dev/null 2>&1
 check "tfab-perf rejects a bad size" [ $? = 2 ]
 "$bin/tfab-perf" nosuchtest >/dev/null 2>&1
 check "tfab-perf rejects an unknown test" [ $? = 2 ]
 "$bin/tfab-perf" -p bogus -s 8 -n 2 >/dev/null 2>"$out/err"
 check "tfab-perf -p bogus fails cleanly" [ $? = 1 ]
+check "... saying why once" [ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choice' "$out/err")" = 1 ]
+TFAB_PROVIDER=bogus "$bin/tfab-perf" -s 8 -n 2 >/dev/null 2>"$out/err"
+check "TFAB_PROVIDER=bogus tfab-perf fails, saying why once" \
+	[ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choice' "$out/err")" = 1 ]
+
+# Runs of both tests on a fabric named with -p: ofi:sockets where it is usable (auto would
+# pick another, so the run shows that -p reaches the tensor test's engine), else the first
+# usable fabric.
+perf_p=$(python3 -c '
+import json, sys
+f = json.load(open(sys.argv[1]))["fabrics"]
+names = [d["backend"] if d["backend"] != "ofi" else "ofi:" + d["fabric"].split(";")[0] for d in f]
+print("ofi:sockets" if "ofi:sockets" in names else names[0] if names else "")
+' "$out/json")
+if [ -n "$perf_p" ]; then
+	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" all -p "$perf_p" -s 8,4K -n 4 --json \
+		--verify >"$out/all" 2>"$out/err"
+	check "tfab-perf all -p $perf_p --verify exits 0" [ $? = 0 ]
+	check "... every row verified" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 4 and all(r["verified"] is True for r in rows), rows
+' "$out/all"
+	# A local pair's engine contexts use the raw test's (loopback) domain.
+	check "... its tensor rows on the raw rows' backend, fabric and domain" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+raw = [(r["backend"], r["fabric"], r["domain"]) for r in rows if r["test"] == "raw"]
+tensor = [(r["backend"], r["fabric"], r["domain"]) for r in rows if r["test"] == "tensor"]
+assert len(raw) == 2 and len(tensor) == 2 and len(set(raw + tensor)) == 1, (raw, tensor)
+fabrics = json.load(open(sys.argv[2]))["fabrics"]
+assert any((f["backend"], f["fabric"], f["domain"]) == raw[0] for f in fabrics), raw[0]
+' "$out/all" "$out/json"
+
+	# A build that spoils one tensor a size: a bandwidth tensor at the first size (the client
+	# receives it), a ping at the second (the server does), none of an empty one.
+	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf-damaged" tensor -p "$perf_p" -s 8,4K,0 \
+		-n 4 --json --verify >"$out/damaged" 2>"$out/err"
+	check "tfab-perf tensor --verify fails on a damaged tensor" [ $? = 1 ]
+	check "... reporting which sizes" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["verified"] for r in rows] == [False, False, True], rows
+' "$out/damaged"
+	check "... and which tensors" grep -q '8-byte tensor (bw, step 1) arrived unlike' "$out/err"
+	check "... the server's too" grep -q '4096-byte tensor (ping, step [0-9]*) arrived unlike' \
+		"$out/err"
+fi
 
 [ $fails = 0 ]

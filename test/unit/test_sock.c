@@ -1,6 +1,7 @@
 /*
  * Unit tests for the TCP bootstrap sockets: host:port parsing, listen/connect/accept on
- * loopback, framed messages both ways (empty to 1 MiB), and that every wait ends in its bound.
+ * loopback, framed messages both ways (empty to 1 MiB), that every wait ends in its bound, and
+ * that a listener queues as many connections as the system allows.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,9 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -459,6 +463,98 @@ static void test_listen_any(void **state)
 	close(lfd);
 }
 
+/* net.core.somaxconn: the most listen() queues, whatever backlog it is asked for; -1 unknown. */
+static int somaxconn(void)
+{
+	FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+	int v = -1;
+
+	if (f) {
+		if (fscanf(f, "%d", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
+
+/* For a LISTEN socket, TCP_INFO reports the accept queue's length and its bound. */
+static void accept_queue(int lfd, unsigned *len_p, unsigned *max_p)
+{
+	struct tcp_info ti;
+	socklen_t tl = sizeof(ti);
+
+	memset(&ti, 0, sizeof(ti));
+	assert_int_equal(getsockopt(lfd, IPPROTO_TCP, TCP_INFO, &ti, &tl), 0);
+	*len_p = ti.tcpi_unacked;
+	*max_p = ti.tcpi_sacked;
+}
+
+#define BURST 200
+
+/*
+ * Many ranks connect at once: with a short backlog the kernel drops the SYNs that overflow
+ * the accept queue, and each of those connects waits out a retransmission (1 s, 3 s, ...).
+ * The listener asks for the system's maximum, and all of a burst of connects, none of them
+ * accepted yet, wait in its queue.
+ */
+static void test_listen_backlog(void **state)
+{
+	int lfd = -1, max = somaxconn(), fds[BURST];
+	unsigned len = 0, bound = 0;
+	uint16_t port = 0;
+	uint64_t deadline;
+
+	(void)state;
+	if (max < 0) {
+		print_message("no /proc/sys/net/core/somaxconn: the system maximum is unknown\n");
+		skip();
+	}
+	assert_int_equal(tfab__sock_listen("127.0.0.1", 0, &lfd, &port), 0);
+	accept_queue(lfd, &len, &bound);
+	assert_int_equal(len, 0);
+	assert_int_equal(bound, (unsigned)max);
+	if (max < BURST) {
+		print_message("net.core.somaxconn is %d: a burst of %d does not fit\n", max, BURST);
+		close(lfd);
+		skip();
+	}
+
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+
+	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (int i = 0; i < BURST; i++) {
+		fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		assert_true(fds[i] >= 0);
+		assert_true(connect(fds[i], (struct sockaddr *)&sin, sizeof(sin)) == 0 ||
+			    errno == EINPROGRESS);
+	}
+	/* On loopback every handshake completes at once; a dropped SYN would wait a second. */
+	deadline = tfab__now_ms() + 5000;
+	do {
+		accept_queue(lfd, &len, &bound);
+		if (len < BURST)
+			usleep(10 * 1000);
+	} while (len < BURST && tfab__now_ms() < deadline);
+	assert_int_equal(len, BURST);
+
+	for (int i = 0; i < BURST; i++) {
+		struct pollfd pfd = {.fd = fds[i], .events = POLLOUT};
+		int err = -1, afd = -1;
+		socklen_t el = sizeof(err);
+
+		assert_int_equal(poll(&pfd, 1, LONG_MS), 1);
+		assert_int_equal(getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &el), 0);
+		assert_int_equal(err, 0);
+		assert_int_equal(tfab__sock_accept(lfd, LONG_MS, &afd), 0);
+		close(afd);
+	}
+	accept_queue(lfd, &len, &bound);
+	assert_int_equal(len, 0);
+	for (int i = 0; i < BURST; i++)
+		close(fds[i]);
+	close(lfd);
+}
+
 static int nonlocal_bind(void)
 {
 	FILE *f = fopen("/proc/sys/net/ipv4/ip_nonlocal_bind", "r");
@@ -509,6 +605,7 @@ int main(void)
 	    cmocka_unit_test(test_connect_no_listener),
 	    cmocka_unit_test(test_connect_waits_for_listener),
 	    cmocka_unit_test(test_listen_any),
+	    cmocka_unit_test(test_listen_backlog),
 	    cmocka_unit_test(test_listen_bad_address),
 	};
 

@@ -11,7 +11,7 @@
 #   SIZES                      comma-separated, K/M/G suffixes allowed (default 8,1M,64M)
 #   REPS                       runs of each build per provider (default 5)
 # Environment: PROVIDERS (default "sockets tcp shm"), RUN_TIMEOUT seconds per run (300),
-#   ITERS (tfab-perf -n: writes per size; default tfab-perf's own, about 1 GiB per size).
+#   ITERS (tfab-perf -n: writes per size; default tfab-perf's own, about 2 GiB per size).
 # Exits non-zero if any run failed.
 set -u
 if [ $# -lt 2 ]; then
