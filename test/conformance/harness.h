@@ -49,8 +49,9 @@ struct harness {
 extern struct harness H;
 
 /*
- * Select and open both sides. Returns 0, or 77 after printing why when the selected fabric is
- * absent (meson shows it as SKIP), or 1 on a real failure.
+ * Select and open both sides. Returns 0; or 77 after printing why when no provider is named
+ * (TFAB_PROVIDER unset or auto) and none is usable (meson shows it as SKIP); or 1 on a failure,
+ * a named provider that is missing or unusable included.
  */
 int harness_open(void);
 void harness_close(void);

@@ -15,6 +15,8 @@
 
 #include <tfab/tfab.h>
 
+#include "test/common/named_provider.h"
+
 #define MP_MAX_RANKS 8
 
 struct mp {

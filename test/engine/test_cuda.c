@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mp.h"
 
@@ -24,15 +25,30 @@
 
 static bool emulated;
 
-static int gpu_count(void)
+/*
+ * The CUDA devices here; or 0 where there is none (no device, or no NVIDIA driver at all: the
+ * runtime then says "insufficient driver"), or -1 where CUDA is there but broken, with *why_p
+ * saying which.
+ */
+static int gpu_count(const char **why_p)
 {
 #ifdef TFAB_HAVE_CUDA
-	int n = 0; /* untouched when the driver is missing */
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
 
-	if (cudaGetDeviceCount(&n) != cudaSuccess)
+	*why_p = "no CUDA device on this machine";
+	if (e == cudaSuccess)
+		return n;
+	if (e == cudaErrorNoDevice || e == cudaErrorStubLibrary ||
+	    (e == cudaErrorInsufficientDriver &&
+	     access("/proc/driver/nvidia/version", F_OK) != 0)) {
+		*why_p = "no CUDA device or driver on this machine";
 		return 0;
-	return n;
+	}
+	*why_p = cudaGetErrorString(e);
+	return -1;
 #else
+	*why_p = "built without CUDA";
 	return 0;
 #endif
 }
@@ -265,8 +281,11 @@ static int absent(void)
 		      .shape = &shape};
 	int rc, rc2;
 
-	if (tfab_context_create(&ctx))
+	rc = tfab_context_create(&ctx);
+	if (rc) {
+		fprintf(stderr, "FAIL: context: %s\n", tfab_strerror(rc));
 		return 1;
+	}
 	rc = tfab_send(ctx, "g", 1, &t, false, on_sent, NULL);
 	rc2 = tfab_peer_create(ctx, &peer);
 	if (rc2 == 0) {
@@ -281,23 +300,29 @@ static int absent(void)
 
 int main(int argc, char **argv)
 {
-	const char *emu = getenv("TFAB_CUDA_EMULATE");
+	const char *emu = getenv("TFAB_CUDA_EMULATE"), *why = "";
+	int gpus = 0;
 
 	emulated = emu && strcmp(emu, "1") == 0;
+	/* A CUDA that is there but broken leaves no usable device: --absent runs. */
 	if (argc == 2 && strcmp(argv[1], "--absent") == 0) {
-		if (gpu_count() > 0) {
-			printf("a CUDA device is present: nothing to refuse\n");
+		if (gpu_count(&why) > 0) {
+			printf("SKIP: a CUDA device is present: nothing to refuse\n");
 			return 77;
 		}
 		return absent();
 	}
-	if (!emulated && gpu_count() == 0) {
-#ifdef TFAB_HAVE_CUDA
-		printf("no CUDA device on this machine\n");
-#else
-		printf("built without CUDA\n");
-#endif
-		return 77;
+	if (!emulated) {
+		gpus = gpu_count(&why);
+		if (gpus < 0) {
+			fprintf(stderr, "FAIL: CUDA is here but unusable: cudaGetDeviceCount: %s\n",
+				why);
+			return 1;
+		}
+		if (gpus == 0) {
+			printf("SKIP: %s\n", why);
+			return 77;
+		}
 	}
 	return mp_main(argc, argv, scenarios, (int)(sizeof(scenarios) / sizeof(scenarios[0])));
 }

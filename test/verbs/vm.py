@@ -70,19 +70,21 @@ def log(msg):
     print(f"tfab-vm: {msg}", file=sys.stderr, flush=True)
 
 
-def run_quiet(cmd, timeout, what, **kw):
-    """Runs cmd, returns its stdout; raises Skip(what...) with its last output line on failure."""
+def run_quiet(cmd, timeout, what, exc=None, **kw):
+    """Runs cmd, returns its stdout; raises exc (Skip by default) with what and its last output
+    line on failure."""
+    exc = exc or Skip
     cmd = [shutil.which(cmd[0], path=GUEST_PATH) or cmd[0]] + cmd[1:]
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=timeout, **kw)
     except subprocess.TimeoutExpired:
-        raise Skip(f"{what}: no answer within {timeout} s")
+        raise exc(f"{what}: no answer within {timeout} s")
     except OSError as e:
-        raise Skip(f"{what}: {e}")
+        raise exc(f"{what}: {e}")
     if p.returncode != 0:
         last = [l for l in p.stdout.splitlines() if l.strip()][-1:] or ["(no output)"]
-        raise Skip(f"{what}: {last[0].strip()}")
+        raise exc(f"{what}: {last[0].strip()}")
     return p.stdout
 
 
@@ -172,19 +174,21 @@ def build_kernel(cache):
                 raise Skip(f"apt-get download {pkg}: no .deb")
             deb = os.path.join(scratch, debs[0])
         root = os.path.join(scratch, "root")
-        run_quiet(["dpkg-deb", "-x", deb, root], 300, "dpkg-deb -x")
+        # The package is at hand: a step that goes wrong from here is a failure, not a missing
+        # VM (only modules compressed, which the guest's busybox insmod cannot load, skip).
+        run_quiet(["dpkg-deb", "-x", deb, root], 300, "dpkg-deb -x", Fail)
         versions = os.listdir(os.path.join(root, "lib", "modules"))
         if len(versions) != 1:
-            raise Skip(f"kernel package holds {len(versions)} module trees")
+            raise Fail(f"kernel package holds {len(versions)} module trees")
         kver = versions[0]
-        run_quiet(["depmod", "-b", root, kver], 120, "depmod")
+        run_quiet(["depmod", "-b", root, kver], 120, "depmod", Fail)
 
         out = os.path.join(scratch, "kernel")
         os.makedirs(os.path.join(out, "modules"))
         order = []
         for mod in MODULES:
             deps = run_quiet(["modprobe", "-d", root, "-S", kver, "--show-depends", mod], 60,
-                             f"modprobe --show-depends {mod}")
+                             f"modprobe --show-depends {mod}", Fail)
             for line in deps.splitlines():
                 parts = line.split()
                 if len(parts) >= 2 and parts[0] == "insmod":
