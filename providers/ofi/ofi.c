@@ -29,6 +29,7 @@
 #define TFAB_OFI_VERSION FI_VERSION(1, 9)
 #define TFAB_OFI_MAX_ADDR 256
 #define TFAB_OFI_OP_CHUNK 256
+#define TFAB_OFI_SOCKETS_INFLIGHT 32 /* see tfab_ep.max_inflight */
 
 /* INJECT: an injected write posted with a context (see inject_ctx); it reports nothing. */
 enum tfab_ofi_op_kind { TFAB_OFI_OP_WRITE = 1, TFAB_OFI_OP_INJECT, TFAB_OFI_OP_RX };
@@ -61,6 +62,17 @@ struct tfab_ep {
 	 * With a context, rxm sends it from a buffer of its own and reports errors with ours.
 	 */
 	bool inject_ctx;
+	/*
+	 * Writes posted and not completed, and their bound. libfabric 1.17's sockets runs every
+	 * operation of a domain on one table of 128 entries, receives included, and lets writes
+	 * take all but one; each connection reads one message at a time and answers a write with
+	 * an ack from the entry that read it. With writes going both ways, both sides' entries
+	 * filled with writes waiting for acks that neither could read any more: the transfer
+	 * stalled for good (two threads sending 2,000 string tensors, 1 run in 3). Kept to a
+	 * quarter of the table, writes leave the rest to receives; the engine queues the
+	 * writes that meet -EAGAIN. Injects are posted with a context there so that they count.
+	 */
+	unsigned max_inflight, inflight;
 	unsigned rx_depth, rx_posted;
 	struct tfab_freelist ops; /* of struct tfab_ofi_op */
 	unsigned poll_batch;
@@ -453,6 +465,7 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
 	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
 	struct tfab_ep *ep;
+	bool sockets;
 	int rc;
 
 	ep = calloc(1, sizeof(*ep));
@@ -475,7 +488,9 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	fi = ep->info;
 	ep->mr_mode = fi->domain_attr->mr_mode;
 	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
-	ep->inject_ctx = strstr(fi->fabric_attr->prov_name, "ofi_rxm") != NULL;
+	sockets = strcmp(fi->fabric_attr->prov_name, "sockets") == 0;
+	ep->inject_ctx = strstr(fi->fabric_attr->prov_name, "ofi_rxm") != NULL || sockets;
+	ep->max_inflight = sockets ? TFAB_OFI_SOCKETS_INFLIGHT : UINT32_MAX;
 	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
 	if (progress_manual(fi))
 		fi->domain_attr->data_progress = FI_PROGRESS_MANUAL;
@@ -626,6 +641,7 @@ static void write_op_done(struct tfab_ep *ep, struct tfab_ofi_op *op)
 {
 	struct tfab_conn *conn = op->conn;
 
+	ep->inflight--;
 	if (conn && --conn->inflight == 0 && conn->closing) {
 		struct tfab_conn **pp = &ep->zombies;
 
@@ -727,6 +743,8 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 		return -EMSGSIZE;
 	if (conn_dead(peer))
 		return -TFAB_ERR_PEER_FAILED;
+	if (ep->inflight >= ep->max_inflight)
+		return -EAGAIN;
 	if (inject) {
 		if (len > ep->caps.inject_size)
 			return -EMSGSIZE;
@@ -763,6 +781,7 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 		return post_error(rc, inject ? "fi_writemsg" : "fi_writedata", len);
 	}
 	peer->inflight++;
+	ep->inflight++;
 	return 0;
 }
 
