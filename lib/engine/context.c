@@ -153,7 +153,7 @@ static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev)
 
 		peer->users--;
 		if (ev->status)
-			tfab__peer_fail(peer, ev->status);
+			tfab__peer_write_failed(peer, ev->status);
 		break;
 	}
 	}

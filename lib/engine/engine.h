@@ -258,10 +258,12 @@ void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline);
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__peer_fail(struct tfab_peer *peer, int status);
 /*
- * The status to report for a failed write to the peer: -TFAB_ERR_PEER_FAILED for a fabric
- * error once the peer's bootstrap connection has closed (the peer has left), else status.
+ * The status of a failed write to the peer: -TFAB_ERR_REMOTE_ACCESS while the peer is there
+ * (it refused one region), else -TFAB_ERR_PEER_FAILED, whatever the fabric called it.
  */
 int tfab__peer_write_status(struct tfab_peer *peer, int status);
+/* A write to the peer failed: the peer fails, with the status above. */
+void tfab__peer_write_failed(struct tfab_peer *peer, int status);
 void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
 /* Our receive of the peer's request completed: a TAKEN tells the peer (peers_flush sends it). */

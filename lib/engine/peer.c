@@ -425,7 +425,7 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len)
 	if (rc == -EAGAIN)
 		return rc;
 	if (rc) {
-		tfab__peer_fail(peer, rc);
+		tfab__peer_write_failed(peer, rc);
 		return rc;
 	}
 	os->busy = true;
@@ -518,7 +518,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 		if (rc == -EAGAIN)
 			return;
 		if (rc) {
-			tfab__peer_fail(peer, rc);
+			tfab__peer_write_failed(peer, rc);
 			return;
 		}
 		if (!inject)
@@ -547,7 +547,7 @@ void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status)
 	slot->busy = false;
 	slot->peer->users--;
 	if (status)
-		tfab__peer_fail(slot->peer, status);
+		tfab__peer_write_failed(slot->peer, status);
 }
 
 /* Control messages in. */
@@ -637,11 +637,23 @@ static bool bootstrap_closed(struct tfab_peer *peer)
 
 int tfab__peer_write_status(struct tfab_peer *peer, int status)
 {
-	/* sockets reports a write into a connection that the peer closed as an I/O error. */
-	if ((status == -TFAB_ERR_FABRIC || status == -TFAB_ERR_REMOTE_ACCESS) &&
-	    bootstrap_closed(peer))
-		return -TFAB_ERR_PEER_FAILED;
-	return status;
+	/*
+	 * A refused access is the peer's own answer about one region, unless the peer has gone
+	 * (sockets reports writes into a connection the peer closed that way too). Anything
+	 * else means the write did not reach the peer, whatever the fabric calls it (tcp cancels
+	 * the writes of a connection that broke, sockets reports an I/O error, verbs exhausted
+	 * retries): one event, one status.
+	 */
+	if (status == 0 || (status == -TFAB_ERR_REMOTE_ACCESS && !bootstrap_closed(peer)))
+		return status;
+	return -TFAB_ERR_PEER_FAILED;
+}
+
+void tfab__peer_write_failed(struct tfab_peer *peer, int status)
+{
+	if (!peer->failed)
+		TFAB_WARN(SUBSYS, "peer %u: a write failed: %s", peer->id, tfab_strerror(status));
+	tfab__peer_fail(peer, tfab__peer_write_status(peer, status));
 }
 
 void tfab__peer_fail(struct tfab_peer *peer, int status)
@@ -651,7 +663,6 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 
 	if (peer->failed)
 		return;
-	status = tfab__peer_write_status(peer, status);
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
 	if (status != -TFAB_ERR_ABORTED)
 		TFAB_WARN(SUBSYS, "peer %u failed: %s", peer->id, tfab_strerror(status));

@@ -142,6 +142,24 @@ static void reply_error(struct tfab_peer *peer, uint32_t req_index, int status, 
 		tfab__peer_send_msg(peer, &m);
 }
 
+static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int status);
+
+/*
+ * Answering s failed here (a write the fabric refused to post, a registration): the send
+ * fails, and the receive with it; a peer that is gone fails whole.
+ */
+static void answer_failed(struct tfab_context *ctx, struct tfab_send *s, int rc, const char *why)
+{
+	struct tfab_peer *peer = s->resp.peer;
+
+	if (rc == -TFAB_ERR_PEER_FAILED) {
+		tfab__peer_fail(peer, rc); /* ends s too */
+		return;
+	}
+	reply_error(peer, s->resp.req_index, rc, why);
+	send_finish(ctx, s, rc);
+}
+
 /* A GPU send's copies into its proxy end before the block may be reused or freed. */
 static void stage_drain(struct tfab_context *ctx, struct tfab_send *s)
 {
@@ -356,9 +374,7 @@ void tfab__sends_stage(struct tfab_context *ctx)
 		int rc = stage_post(ctx, s);
 
 		if (rc) {
-			reply_error(s->resp.peer, s->resp.req_index, rc,
-				    "the content write failed");
-			send_finish(ctx, s, rc);
+			answer_failed(ctx, s, rc, "the content write failed");
 		} else if (s->posted > s->nchunks) {
 			tfab__list_del(&s->stage_link);
 		} else if (stage_over(s)) {
@@ -395,12 +411,10 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 				return;
 			}
 		}
-		if (rc) {
-			reply_error(peer, q->req_index, rc,
-				    s->gpu ? "the sender could not stage its GPU tensor"
-					   : "the sender could not write the tensor");
-			send_finish(ctx, s, rc);
-		}
+		if (rc)
+			answer_failed(ctx, s, rc,
+				      s->gpu ? "the sender could not stage its GPU tensor"
+					     : "the sender could not write the tensor");
 		return;
 	}
 	/* Meta-data first: the receiver (re)allocates and asks again, or is done. */
@@ -558,26 +572,19 @@ static void writes_settled(struct tfab_context *ctx, struct tfab_send *s)
 	int status = s->write_err;
 
 	if (status) {
-		status = tfab__peer_write_status(peer, status);
-		if (status == -TFAB_ERR_PEER_FAILED) {
-			tfab__peer_fail(peer, status); /* ends s too */
+		TFAB_DEBUG(SUBSYS, "writing '%s' step %lld to peer %u failed: %s", s->key,
+			   (long long)s->step, peer->id, tfab_strerror(status));
+		if (tfab__peer_write_status(peer, status) == -TFAB_ERR_PEER_FAILED) {
+			tfab__peer_write_failed(peer, status); /* ends s too */
 			return;
 		}
 		/*
 		 * A destination the receiver no longer lets us write: it gave the request up,
-		 * and its CANCEL is on the way. The tensor stays for a later receive.
+		 * and its CANCEL is on the way (or it will fail the request on our ERROR). The
+		 * tensor stays for a later receive.
 		 */
-		if (s->cancelled || status == -TFAB_ERR_REMOTE_ACCESS) {
-			TFAB_DEBUG(SUBSYS, "writing '%s' step %lld to peer %u failed: %s", s->key,
-				   (long long)s->step, peer->id, tfab_strerror(status));
-			reply_error(peer, s->resp.req_index, status, "the content write failed");
-			send_reoffer(ctx, s);
-			return;
-		}
-		TFAB_WARN(SUBSYS, "writing '%s' step %lld to peer %u failed: %s", s->key,
-			  (long long)s->step, peer->id, tfab_strerror(status));
 		reply_error(peer, s->resp.req_index, status, "the content write failed");
-		send_finish(ctx, s, status);
+		send_reoffer(ctx, s);
 		return;
 	}
 	ctx->stats.bytes_sent += s->meta.nbytes;
@@ -637,11 +644,8 @@ void tfab__sends_retry(struct tfab_context *ctx)
 		if (rc == -EAGAIN)
 			return;
 		tfab__list_del(&s->link);
-		if (rc) {
-			reply_error(s->resp.peer, s->resp.req_index, rc,
-				    "the content write failed");
-			send_finish(ctx, s, rc);
-		}
+		if (rc)
+			answer_failed(ctx, s, rc, "the content write failed");
 	}
 }
 

@@ -361,7 +361,7 @@ static void run_scenario(void **state)
 			kill(pids[r], SIGKILL);
 			waitpid(pids[r], &status, 0);
 			failed = 1;
-		} else if (r == s->killed_rank && WIFSIGNALED(status) &&
+		} else if ((s->killed & (1u << r)) && WIFSIGNALED(status) &&
 			   WTERMSIG(status) == SIGKILL) {
 			remove_shm_of(pids[r]); /* its shm region outlives it */
 			continue;

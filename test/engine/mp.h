@@ -33,7 +33,7 @@ struct mp_scenario {
 	int nranks;
 	mp_fn fn;
 	bool no_barrier; /* the scenario breaks a peer or the context: no closing barrier */
-	int killed_rank; /* a rank the scenario kills (SIGKILL is its success), or 0 */
+	unsigned killed; /* ranks the scenario kills (1u << rank; SIGKILL is their success) */
 };
 
 /* A failed check in any rank: print where and return 1 from the scenario. */

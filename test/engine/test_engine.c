@@ -958,6 +958,71 @@ static int sc_peer_killed(struct mp *mp)
 }
 
 /*
+ * Receivers killed in the middle of a transfer: rank 0 writes 32 MiB to each of ranks 2 and 3,
+ * which die once the writes are posted, without reading (a fabric that progresses only while
+ * both sides poll holds the write half done). Both sends fail with TFAB_ERR_PEER_FAILED, on
+ * every fabric, and rank 0 keeps working with rank 1.
+ */
+static int sc_receiver_killed(struct mp *mp)
+{
+	int64_t shape[1] = {8 << 20};
+	struct tensor t;
+
+	if (mp->rank >= 2) {
+		char key[32];
+		struct done d = {0};
+
+		snprintf(key, sizeof(key), "big/%d", mp->rank);
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], key, 1, NULL, on_recv, &d), 0);
+		/* Reading until rank 0 has the request, then no more. */
+		CHECK_RC(mp_wait_note(mp, 0, "parked", WAIT_MS), 0);
+		CHECK_RC(mp_note(mp, "quiet"), 0);
+		CHECK_RC(mp_wait_note_quiet(mp, 0, "writing", WAIT_MS), 0);
+		raise(SIGKILL);
+	}
+	if (mp->rank == 1) {
+		int64_t one = 1;
+		int32_t v = 77;
+		DLTensor s = int32_scalar(&v, &one);
+		struct done d = {0};
+
+		CHECK_RC(tfab_send(mp->ctx, "survivor", 1, &s, false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	struct done d = {0};
+	DLManagedTensor *m = NULL;
+	size_t n = 0;
+
+	tensor_make(&t, f32, 1, shape);
+	tensor_fill(&t, 5);
+	for (uint64_t until = ms_now() + WAIT_MS; n < 2 && ms_now() < until;) {
+		tfab_progress(mp->ctx);
+		tfab__ctx_lock(mp->ctx);
+		n = mp->ctx->parked.count;
+		tfab__ctx_unlock(mp->ctx);
+	}
+	CHECK(n == 2);
+	CHECK_RC(mp_note(mp, "parked"), 0);
+	CHECK_RC(mp_wait_note(mp, 2, "quiet", WAIT_MS), 0);
+	CHECK_RC(mp_wait_note(mp, 3, "quiet", WAIT_MS), 0);
+	CHECK_RC(tfab_send_to(mp->ctx, mp->peers[2], "big/2", 1, &t.dl, false, on_sent, &d), 0);
+	CHECK_RC(tfab_send_to(mp->ctx, mp->peers[3], "big/3", 1, &t.dl, false, on_sent, &d), 0);
+	CHECK_RC(mp_note(mp, "writing"), 0);
+	CHECK(wait_n(mp, &d, 2));
+	if (d.errors != 2 || d.last_status != -TFAB_ERR_PEER_FAILED)
+		fprintf(stderr, "rank 0: %d of 2 sends failed, the last with %s\n", d.errors,
+			tfab_strerror(d.last_status));
+	CHECK(d.errors == 2 && d.last_status == -TFAB_ERR_PEER_FAILED);
+	CHECK_RC(recv_one(mp, 1, "survivor", 1, &m, NULL), 0);
+	CHECK(*(int32_t *)m->dl_tensor.data == 77);
+	m->deleter(m);
+	tensor_free(&t);
+	return 0;
+}
+
+/*
  * A peer that leaves normally, destroying its context right after asking this process for
  * tensors, while this process waits on a receive from it: the receive fails with
  * TFAB_ERR_PEER_FAILED (or the peer's abort status, if it answered first), and this process
@@ -1549,7 +1614,12 @@ static const struct mp_scenario scenarios[] = {
      .nranks = 3,
      .fn = sc_peer_killed,
      .no_barrier = true,
-     .killed_rank = 2},
+     .killed = 1u << 2},
+    {.name = "receiver_killed",
+     .nranks = 4,
+     .fn = sc_receiver_killed,
+     .no_barrier = true,
+     .killed = 1u << 2 | 1u << 3},
     {.name = "peer_exits", .nranks = 2, .fn = sc_peer_exits, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
