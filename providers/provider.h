@@ -66,7 +66,8 @@ enum {
 enum {
 	/*
 	 * Copy the payload out before returning (len <= caps.inject_size). No WRITE_DONE event
-	 * follows; errors may still come back as ERROR events with a NULL context.
+	 * follows; a failure comes back as an ERROR event with the write's ctx and `injected`
+	 * set (or with a NULL ctx from a backend that cannot tell which write failed).
 	 */
 	TFAB_WRITE_INJECT = 1u << 0,
 };
@@ -84,6 +85,7 @@ struct tfab_event {
 	uint32_t imm;	    /* REMOTE_WRITE: the immediate */
 	uint64_t len;	    /* REMOTE_WRITE: bytes written, where the fabric reports it, else 0 */
 	const char *errmsg; /* ERROR: the fabric's own words; valid until the next poll */
+	bool injected;	    /* ERROR: of a TFAB_WRITE_INJECT write (no WRITE_DONE was due) */
 };
 
 /* Arguments of open. */

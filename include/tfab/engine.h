@@ -104,24 +104,48 @@ TFAB_EXPORT int tfab_flush(struct tfab_context *ctx, int timeout_ms);
 
 /*
  * Consumer: an asynchronous receive of (key, step_id) from peer, posted before or after the
- * matching send. With dest, the content is written straight into it: it must stay valid until
- * cb, have the sender's dtype and room for the content. With dest NULL the library allocates
- * the destination from its registered pool and hands it to cb as a DLManagedTensor, which the
- * application releases with its deleter. cb gets the status, that tensor (NULL with dest, or
- * for a dead tensor), and is_dead.
+ * matching send. cb gets the status, the tensor received, and is_dead; the tensor is NULL on
+ * failure and for a dead tensor, and otherwise the application's, to release with its deleter:
+ * - with dest NULL, a tensor the library allocated from its registered pool;
+ * - with dest, the content is written straight into dest, which must stay valid until cb and
+ *   have the sender's dtype and shape (-EINVAL otherwise; see tfab_recv_into for any shape
+ *   that fits); the tensor is a view of dest (its data) saying what landed there, and its
+ *   deleter frees the view alone.
+ * A receive that fails (a wrong destination, a timeout, a cleanup) never takes the send: the
+ * tensor stays for a later receive.
  */
 typedef void (*tfab_recv_cb)(void *arg, int status, DLManagedTensor *tensor, bool is_dead);
 TFAB_EXPORT int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			  int64_t step_id, DLTensor *dest, tfab_recv_cb cb, void *arg);
 
+/* Flags of tfab_recv_into and tfab_recv_into_sync. */
+enum {
+	/*
+	 * Accept a tensor of dest's dtype and any shape whose content fits dest's bytes, not
+	 * only dest's own shape; the view handed back has the tensor's shape. A larger one fails
+	 * with -EMSGSIZE.
+	 */
+	TFAB_RECV_ANY_SHAPE = 1u << 0,
+};
+
+/* A receive into dest (not NULL) with flags (TFAB_RECV_*); tfab_recv with dest is flags 0. */
+TFAB_EXPORT int tfab_recv_into(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			       int64_t step_id, DLTensor *dest, unsigned flags, tfab_recv_cb cb,
+			       void *arg);
+
 /*
  * A blocking receive on top: waits at most timeout_ms (driving progress itself unless the
- * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the library-allocated
- * tensor when dest is NULL. It may be called in a callback, on the progress thread too.
+ * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the tensor cb would
+ * get (with dest, a view of it); with tensor_p NULL the library releases it. It may be called
+ * in a callback, on the progress thread too.
  */
 TFAB_EXPORT int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			       int64_t step_id, DLTensor *dest, int timeout_ms,
 			       DLManagedTensor **tensor_p, bool *is_dead_p);
+TFAB_EXPORT int tfab_recv_into_sync(struct tfab_context *ctx, struct tfab_peer *peer,
+				    const char *key, int64_t step_id, DLTensor *dest,
+				    unsigned flags, int timeout_ms, DLManagedTensor **tensor_p,
+				    bool *is_dead_p);
 
 /* Fails every pending send and receive of step_id with -TFAB_ERR_ABORTED and forgets them. */
 TFAB_EXPORT int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id);

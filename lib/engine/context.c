@@ -66,10 +66,18 @@ static void deliver(struct tfab_context *ctx)
 		struct tfab_request *r = tfab_container_of(l, struct tfab_request, done_link);
 
 		/* without a callback, a blocking receive, whose waiter has its result */
-		if (r->strings && r->scb)
+		if (r->strings && r->scb) {
 			r->scb(r->arg, r->status, r->sout, r->is_dead);
-		else if (!r->strings && r->cb)
-			r->cb(r->arg, r->status, r->out, r->is_dead);
+		} else if (!r->strings && r->cb) {
+			int status = r->status;
+
+			/* One view at a time: the callback before frees its own. */
+			if (r->view_due) {
+				r->out = tfab__view_new(&r->meta, r->user_dest);
+				status = r->out ? 0 : -ENOMEM;
+			}
+			r->cb(r->arg, status, r->out, r->is_dead);
+		}
 	}
 	tfab_list_for_each_safe(l, t, &sends)
 	{
@@ -151,7 +159,8 @@ static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev)
 	case TFAB_WCTX_CREDIT: {
 		struct tfab_peer *peer = tfab_container_of(w, struct tfab_peer, credit_w);
 
-		peer->users--;
+		if (!ev->injected)
+			peer->users--; /* an injected credit was never counted in flight */
 		if (ev->status)
 			tfab__peer_write_failed(peer, ev->status);
 		break;

@@ -120,6 +120,7 @@ struct tfab_request {
 	uint16_t key_len;
 	char key[TFAB_MAX_KEY + 1];
 	DLTensor *user_dest;
+	unsigned flags;		    /* TFAB_RECV_* */
 	struct tfab_wire_meta meta; /* what the destination was sized for */
 	bool meta_valid;
 	/* the destination */
@@ -132,6 +133,7 @@ struct tfab_request {
 	int status;
 	bool is_dead;
 	DLManagedTensor *out;
+	bool view_due;	 /* done into the caller's tensor: out is its view, made when handed out */
 	tfab_recv_cb cb; /* NULL for a blocking receive */
 	/* a string tensor's receive (tfab_recv_strings): these instead of cb and out */
 	bool strings;
@@ -277,12 +279,21 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 			  const struct tfab_wire_meta *meta);
 
 /* recv.c */
-/* Post a receive: a DLPack one with cb, or a string tensor's with scb (dest NULL). */
+/* What a receive is: a DLPack one (into dest, or the pool) with cb, or a string tensor's. */
+struct tfab_recv_args {
+	DLTensor *dest;		  /* the caller's destination, or NULL for a pool tensor */
+	unsigned flags;		  /* TFAB_RECV_* */
+	bool strings;		  /* a string tensor's receive: scb, no dest */
+	tfab_recv_cb cb;	  /* NULL for a blocking receive */
+	tfab_recv_strings_cb scb; /* likewise */
+	void *arg;
+};
+/* Post a receive. */
 int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
-		    DLTensor *dest, tfab_recv_cb cb, tfab_recv_strings_cb scb, void *arg);
-/* The blocking receive of either kind. */
+		    const struct tfab_recv_args *a);
+/* The blocking receive of either kind (a->cb and a->scb NULL). */
 int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
-		    DLTensor *dest, bool strings, int timeout_ms, DLManagedTensor **tensor_p,
+		    const struct tfab_recv_args *a, int timeout_ms, DLManagedTensor **tensor_p,
 		    struct tfab_string_tensor **strings_p, bool *is_dead_p);
 void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len);
 void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
@@ -299,6 +310,8 @@ void tfab__sends_retry(struct tfab_context *ctx);
 /* Write the chunks of GPU sends whose copies to host memory finished. */
 void tfab__sends_stage(struct tfab_context *ctx);
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);
+/* Sends that fail with the peer: those answering it, and those for it alone. */
+unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer);
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
@@ -334,6 +347,8 @@ static inline bool tfab__on_gpu(const DLTensor *t)
 int tfab__check_gpu(struct tfab_context *ctx, const DLTensor *t);
 DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
 				   void *data);
+/* A view of the caller's tensor dest with meta's shape: its deleter frees the view alone. */
+DLManagedTensor *tfab__view_new(const struct tfab_wire_meta *meta, const DLTensor *dest);
 
 #define TFAB_ENGINE_SUBSYS "engine"
 

@@ -188,6 +188,8 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 	peer->remote_slot_size = b.slot_size;
 	peer->remote_id = b.peer_id;
 	peer->connected = true;
+	TFAB_DEBUG(SUBSYS, "peer %u: connected on %s (its inbox: %u slots; its id for us: %u)",
+		   peer->id, ctx->caps->fabric, b.ring_slots, b.peer_id);
 	tfab__peers_flush(ctx);
 	return 0;
 }
@@ -305,6 +307,7 @@ static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tf
 		return rc;
 	}
 	peer->sock = fd;
+	TFAB_DEBUG(SUBSYS, "peer %u: bootstrap done", peer->id);
 	tfab__ctx_unlock(ctx);
 	*peer_p = peer;
 	return 0;
@@ -396,6 +399,8 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	memcpy(pm->bytes, buf, len);
 	pm->len = len;
 	tfab__list_add_tail(&peer->pending, &pm->link);
+	TFAB_TRACE(SUBSYS, "peer %u: message of type %u queued (no credit or slot yet)", peer->id,
+		   m->type);
 	return 0;
 }
 
@@ -430,6 +435,8 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len)
 	}
 	os->busy = true;
 	peer->users++;
+	TFAB_TRACE(SUBSYS, "peer %u: message of type %u, %zu bytes, seq %u into slot %u", peer->id,
+		   src[1], len, peer->tx_seq, rslot);
 	peer->tx_seq++;
 	ctx->stats.ctrl_messages++;
 	return 0;
@@ -524,6 +531,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 		if (!inject)
 			peer->users++;
 		peer->rx_unreturned -= n;
+		TFAB_TRACE(SUBSYS, "peer %u: %u credits returned", peer->id, n);
 	}
 }
 
@@ -567,7 +575,7 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 	int rc;
 
 	if (!peer) {
-		TFAB_WARN(SUBSYS, "a control write for unknown peer %u, dropped", id);
+		TFAB_DEBUG(SUBSYS, "a control write for unknown peer %u (destroyed?), dropped", id);
 		return;
 	}
 	if (peer->failed)
@@ -580,6 +588,7 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 			return;
 		}
 		peer->tx_acked += low;
+		TFAB_TRACE(SUBSYS, "peer %u: %u credits back", peer->id, low);
 		return;
 	}
 	if (low >= r) {
@@ -652,7 +661,8 @@ int tfab__peer_write_status(struct tfab_peer *peer, int status)
 void tfab__peer_write_failed(struct tfab_peer *peer, int status)
 {
 	if (!peer->failed)
-		TFAB_WARN(SUBSYS, "peer %u: a write failed: %s", peer->id, tfab_strerror(status));
+		TFAB_DEBUG(SUBSYS, "peer %u: a write failed: %s%s", peer->id, tfab_strerror(status),
+			   bootstrap_closed(peer) ? " (it has left)" : "");
 	tfab__peer_fail(peer, tfab__peer_write_status(peer, status));
 }
 
@@ -660,12 +670,23 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 {
 	struct tfab_context *ctx = peer->ctx;
 	struct tfab_list *l, *t;
+	unsigned recvs = 0, sends;
 
 	if (peer->failed)
 		return;
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
-	if (status != -TFAB_ERR_ABORTED)
-		TFAB_WARN(SUBSYS, "peer %u failed: %s", peer->id, tfab_strerror(status));
+	/*
+	 * Worth a warning only where something of the application's fails with it: a peer that
+	 * leaves (or is destroyed) with nothing pending is news, not trouble.
+	 */
+	tfab_list_for_each_safe(l, t, &peer->requests) recvs++;
+	sends = tfab__sends_bound(ctx, peer);
+	if (status != -TFAB_ERR_ABORTED && (recvs || sends))
+		TFAB_WARN(SUBSYS, "peer %u failed: %s; %u receives and %u sends with it fail",
+			  peer->id, tfab_strerror(peer->failed), recvs, sends);
+	else
+		TFAB_INFO(SUBSYS, "peer %u is gone: %s; nothing was pending with it", peer->id,
+			  tfab_strerror(peer->failed));
 	tfab_list_for_each_safe(l, t, &peer->requests)
 	{
 		tfab__request_fail(tfab_container_of(l, struct tfab_request, link), peer->failed,
@@ -697,8 +718,8 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 			continue;
 		if (peer->closed_at_ms) {
 			if (now >= peer->closed_at_ms + CLOSE_GRACE_MS) {
-				TFAB_WARN(SUBSYS, "peer %u: its bootstrap connection closed",
-					  peer->id);
+				TFAB_DEBUG(SUBSYS, "peer %u: its bootstrap connection closed",
+					   peer->id);
 				tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
 			}
 			continue;
@@ -737,6 +758,13 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 	int rc;
 
 	if (e) {
+		if (!tfab__wire_meta_equal(&e->meta, meta))
+			TFAB_DEBUG(SUBSYS,
+				   "peer %u: the meta-data of '%.*s' changed: %u dims, %llu bytes "
+				   "-> %u dims, %llu bytes",
+				   peer->id, (int)key_len, key, e->meta.ndim,
+				   (unsigned long long)e->meta.nbytes, meta->ndim,
+				   (unsigned long long)meta->nbytes);
 		e->meta = *meta;
 		return 0;
 	}

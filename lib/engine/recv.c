@@ -5,6 +5,7 @@
  * status (an ERROR reply, the peer's failure, a cleanup, an abort, a timeout).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -115,6 +116,11 @@ static void request_done(struct tfab_request *r, int status)
 	index_free(ctx, r);
 	if (r->sync) {
 		/* The waiter takes the result here: it depends on no thread delivering callbacks. */
+		if (status == 0 && r->view_due) {
+			r->out = tfab__view_new(&r->meta, r->user_dest);
+			status = r->out ? 0 : -ENOMEM;
+			r->view_due = false;
+		}
 		r->sync->status = status;
 		r->sync->tensor = r->out;
 		r->sync->strings = r->sout;
@@ -133,6 +139,9 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 
 	if (r->state == TFAB_REQ_DONE)
 		return;
+	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u fails: %s%s", r->key,
+		   (long long)r->step, r->peer->id, tfab_strerror(status),
+		   tell_sender && !r->peer->failed ? " (cancel sent)" : "");
 	if (tell_sender && !r->peer->failed) {
 		struct tfab_wire_msg m = {.type = TFAB_MSG_CANCEL, .req_index = r->index};
 
@@ -145,38 +154,76 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 	request_done(r, status);
 }
 
-/* Size the destination for r->meta; r->meta_valid must be set. */
+/* A shape in words for messages: "[2,8]". */
+static const char *shape_str(const struct tfab_wire_meta *m, char *buf, size_t len)
+{
+	size_t n = (size_t)snprintf(buf, len, "[");
+
+	for (unsigned i = 0; i < m->ndim && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? "," : "",
+				      (long long)m->shape[i]);
+	if (n < len)
+		snprintf(buf + n, len - n, "]");
+	return buf;
+}
+
+/*
+ * Whether the caller's destination (its meta-data um) takes the tensor r->meta: the same dtype,
+ * and the same shape unless TFAB_RECV_ANY_SHAPE, which asks only for room. Logged here.
+ */
+static int dest_fits(struct tfab_request *r, const struct tfab_wire_meta *um)
+{
+	const struct tfab_wire_meta *m = &r->meta;
+	char a[400], b[400];
+
+	if (um->dtype_code != m->dtype_code || um->dtype_bits != m->dtype_bits ||
+	    um->dtype_lanes != m->dtype_lanes) {
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld: the destination's dtype (%u,%u,%u) is not "
+			   "the tensor's (%u,%u,%u)",
+			   r->key, (long long)r->step, um->dtype_code, um->dtype_bits,
+			   um->dtype_lanes, m->dtype_code, m->dtype_bits, m->dtype_lanes);
+		return -EINVAL;
+	}
+	if (!(r->flags & TFAB_RECV_ANY_SHAPE) &&
+	    (um->ndim != m->ndim ||
+	     memcmp(um->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0)) {
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld: the destination's shape %s is not the "
+			   "tensor's %s (TFAB_RECV_ANY_SHAPE takes any shape that fits)",
+			   r->key, (long long)r->step, shape_str(um, a, sizeof(a)),
+			   shape_str(m, b, sizeof(b)));
+		return -EINVAL;
+	}
+	if (um->nbytes < m->nbytes) {
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld: the destination holds %llu bytes, the "
+			   "tensor %s has %llu",
+			   r->key, (long long)r->step, (unsigned long long)um->nbytes,
+			   shape_str(m, b, sizeof(b)), (unsigned long long)m->nbytes);
+		return -EMSGSIZE;
+	}
+	return 0;
+}
+
+/* Check the caller's destination against r->meta and size it; r->meta_valid must be set. */
 static int dest_prepare(struct tfab_request *r)
 {
 	struct tfab_context *ctx = r->ctx;
 	uint64_t n = r->meta.nbytes;
 	int rc;
 
-	if (r->meta.is_dead || n == 0)
+	if (r->meta.is_dead)
 		return 0;
 	if (r->user_dest) {
 		struct tfab_wire_meta um;
 		void *data;
 
 		rc = tfab__meta_from_dltensor(r->user_dest, false, &um, &data);
-		if (rc)
+		if (rc == 0)
+			rc = dest_fits(r, &um);
+		if (rc || n == 0)
 			return rc;
-		if (um.dtype_code != r->meta.dtype_code || um.dtype_bits != r->meta.dtype_bits ||
-		    um.dtype_lanes != r->meta.dtype_lanes) {
-			TFAB_ERROR(SUBSYS,
-				   "receive of '%s': the destination's dtype (%u,%u,%u) is not "
-				   "the tensor's (%u,%u,%u)",
-				   r->key, um.dtype_code, um.dtype_bits, um.dtype_lanes,
-				   r->meta.dtype_code, r->meta.dtype_bits, r->meta.dtype_lanes);
-			return -EINVAL;
-		}
-		if (um.nbytes < n) {
-			TFAB_ERROR(SUBSYS,
-				   "receive of '%s': the destination holds %llu bytes, the tensor "
-				   "has %llu",
-				   r->key, (unsigned long long)um.nbytes, (unsigned long long)n);
-			return -EMSGSIZE;
-		}
 		if (tfab__on_gpu(r->user_dest)) {
 			/* Through a registered host proxy, copied to the GPU when it is full. */
 			rc = tfab__pool_alloc(ctx->pool, n, &r->dest, &r->dest_mr);
@@ -195,6 +242,8 @@ static int dest_prepare(struct tfab_request *r)
 		r->dest_cap = um.nbytes;
 		return 0;
 	}
+	if (n == 0)
+		return 0;
 	rc = tfab__pool_alloc(ctx->pool, n, &r->dest, &r->dest_mr);
 	if (rc)
 		return rc;
@@ -271,20 +320,30 @@ static void request_complete(struct tfab_request *r, uint64_t nbytes)
 	queued = rc == 0;
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "receive of '%s': no memory for its verdict", r->key);
-	} else if (r->gpu_dest && nbytes) {
-		rc = tfab__cuda_copy(ctx->cuda, r->gpu_dest, r->dest, nbytes, true);
-		ctx->stats.bytes_copied += nbytes;
 	} else if (r->strings) {
 		rc = tfab__strings_complete(r, r->dest, nbytes);
-	} else if (!r->user_dest && !r->is_dead) {
-		r->out = tfab__managed_new(ctx, &r->meta, r->dest_pool ? r->dest : NULL);
-		if (r->out) {
+	} else if (!r->is_dead) {
+		if (r->gpu_dest && nbytes) {
+			rc = tfab__cuda_copy(ctx->cuda, r->gpu_dest, r->dest, nbytes, true);
+			ctx->stats.bytes_copied += nbytes;
+		}
+		/*
+		 * The pool block handed over; or, for the caller's tensor, a view of what
+		 * landed in it (its shape may be another), made when the result is handed out
+		 * (request_done, deliver) so that a burst of completions allocates no burst of
+		 * views.
+		 */
+		if (rc == 0 && r->user_dest)
+			r->view_due = true;
+		else if (rc == 0)
+			r->out = tfab__managed_new(ctx, &r->meta, r->dest_pool ? r->dest : NULL);
+		if (rc == 0 && !r->out && !r->view_due)
+			rc = -ENOMEM;
+		if (r->out && !r->user_dest) {
 			/* The managed tensor owns the block now. */
 			r->dest = NULL;
 			r->dest_mr = NULL;
 			r->dest_pool = false;
-		} else {
-			rc = -ENOMEM;
 		}
 	}
 	if (rc == 0)
@@ -306,6 +365,8 @@ void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t le
 		TFAB_DEBUG(SUBSYS, "content for request %#x, which is not waiting: dropped", index);
 		return;
 	}
+	TFAB_TRACE(SUBSYS, "content for '%s' step %lld from peer %u landed: %llu bytes", r->key,
+		   (long long)r->step, r->peer->id, (unsigned long long)len);
 	if (len && len != r->meta.nbytes) {
 		TFAB_ERROR(SUBSYS, "receive of '%s': %llu bytes landed, %llu expected", r->key,
 			   (unsigned long long)len, (unsigned long long)r->meta.nbytes);
@@ -349,24 +410,24 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	dest_release(r, false); /* the sender does not write into a mismatched destination */
 	r->meta = m->meta;
 	r->meta_valid = true;
-	if (m->flags & TFAB_MSGF_COMPLETE) {
+	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld: meta-data from peer %u%s", r->key,
+		   (long long)r->step, peer->id,
+		   (m->flags & TFAB_MSGF_COMPLETE) ? " (complete: no content)" : "");
+	/* A caller's destination is checked even where no content comes (an empty tensor). */
+	rc = dest_prepare(r);
+	if (rc == 0 && (m->flags & TFAB_MSGF_COMPLETE)) {
 		request_complete(r, 0);
 		return;
 	}
-	rc = dest_prepare(r);
 	if (rc == 0)
 		rc = request_send(r, true);
 	if (rc)
 		tfab__request_fail(r, rc, true);
 }
 
-/*
- * A DLPack receive (into dest, or the pool) or a string tensor's (strings), with cb or scb
- * (and arg), or sync, the waiter of a blocking receive.
- */
+/* Start a receive: the request and its first TENSOR_REQUEST. */
 static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
-		      int64_t step, DLTensor *dest, bool strings, tfab_recv_cb cb,
-		      tfab_recv_strings_cb scb, void *arg, struct tfab_sync_wait *sync,
+		      int64_t step, const struct tfab_recv_args *a, struct tfab_sync_wait *sync,
 		      struct tfab_request **r_p)
 {
 	struct tfab_meta_entry *e;
@@ -376,16 +437,17 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	void *data;
 	int rc;
 
-	if (!ctx || !peer || peer->ctx != ctx || !(cb || scb || sync) ||
-	    (strings ? cb || dest : scb != NULL))
+	if (!ctx || !peer || peer->ctx != ctx || !(a->cb || a->scb || sync) ||
+	    (a->strings ? a->cb || a->dest : a->scb != NULL) ||
+	    (a->flags & ~(unsigned)TFAB_RECV_ANY_SHAPE))
 		return -EINVAL;
 	rc = tfab__check_key(key, &key_len);
 	if (rc)
 		return rc;
-	if (dest) {
-		rc = tfab__meta_from_dltensor(dest, false, &um, &data);
+	if (a->dest) {
+		rc = tfab__meta_from_dltensor(a->dest, false, &um, &data);
 		if (rc == 0)
-			rc = tfab__check_gpu(ctx, dest);
+			rc = tfab__check_gpu(ctx, a->dest);
 		if (rc)
 			return rc;
 	}
@@ -401,11 +463,12 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	r->step = step;
 	r->key_len = (uint16_t)key_len;
 	memcpy(r->key, key, key_len);
-	r->user_dest = dest;
-	r->cb = cb;
-	r->scb = scb;
-	r->strings = strings;
-	r->arg = arg;
+	r->user_dest = a->dest;
+	r->flags = a->flags;
+	r->cb = a->cb;
+	r->scb = a->scb;
+	r->strings = a->strings;
+	r->arg = a->arg;
 	r->sync = sync;
 	r->state = TFAB_REQ_REQUESTED;
 	tfab__list_init(&r->link);
@@ -426,10 +489,16 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	} else {
 		ctx->stats.meta_misses++;
 	}
-	/* A caller's destination says what it expects: ask for exactly that. */
-	if (dest) {
-		r->meta = um;
+	/*
+	 * A caller's destination says what it expects: ask for exactly that, or, taking any
+	 * shape that fits, for what the key had last if it fits (else the round trip tells).
+	 */
+	if (a->dest) {
 		r->meta_valid = true;
+		if (!e || !(r->flags & TFAB_RECV_ANY_SHAPE) || e->meta.is_dead ||
+		    e->meta.dtype_code != um.dtype_code || e->meta.dtype_bits != um.dtype_bits ||
+		    e->meta.dtype_lanes != um.dtype_lanes || e->meta.nbytes > um.nbytes)
+			r->meta = um;
 	}
 	rc = r->meta_valid ? dest_prepare(r) : 0;
 	if (rc == 0)
@@ -440,6 +509,9 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		free(r);
 		return rc;
 	}
+	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u: request %#x%s", r->key,
+		   (long long)step, peer->id, r->index,
+		   r->meta_valid ? "" : " (no meta-data cached: a META_DATA reply first)");
 	tfab__list_add_tail(&peer->requests, &r->link);
 	if (r_p)
 		*r_p = r;
@@ -447,14 +519,14 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 }
 
 int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
-		    DLTensor *dest, tfab_recv_cb cb, tfab_recv_strings_cb scb, void *arg)
+		    const struct tfab_recv_args *a)
 {
 	int rc;
 
 	if (!ctx)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step, dest, scb != NULL, cb, scb, arg, NULL, NULL);
+	rc = recv_start(ctx, peer, key, step, a, NULL, NULL);
 	if (rc == 0)
 		tfab__peers_flush(ctx);
 	tfab__ctx_unlock(ctx);
@@ -464,13 +536,25 @@ int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char
 int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
 	      DLTensor *dest, tfab_recv_cb cb, void *arg)
 {
+	struct tfab_recv_args a = {.dest = dest, .cb = cb, .arg = arg};
+
 	if (!cb)
 		return -EINVAL;
-	return tfab__recv_post(ctx, peer, key, step_id, dest, cb, NULL, arg);
+	return tfab__recv_post(ctx, peer, key, step_id, &a);
+}
+
+int tfab_recv_into(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		   int64_t step_id, DLTensor *dest, unsigned flags, tfab_recv_cb cb, void *arg)
+{
+	struct tfab_recv_args a = {.dest = dest, .flags = flags, .cb = cb, .arg = arg};
+
+	if (!cb || !dest)
+		return -EINVAL;
+	return tfab__recv_post(ctx, peer, key, step_id, &a);
 }
 
 int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
-		    DLTensor *dest, bool strings, int timeout_ms, DLManagedTensor **tensor_p,
+		    const struct tfab_recv_args *a, int timeout_ms, DLManagedTensor **tensor_p,
 		    struct tfab_string_tensor **strings_p, bool *is_dead_p)
 {
 	struct tfab_sync_wait w = {0};
@@ -482,7 +566,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 		return -EINVAL;
 	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
 	tfab__ctx_lock(ctx);
-	rc = recv_start(ctx, peer, key, step, dest, strings, NULL, NULL, NULL, &w, &r);
+	rc = recv_start(ctx, peer, key, step, a, &w, &r);
 	if (rc) {
 		tfab__ctx_unlock(ctx);
 		return rc;
@@ -491,6 +575,8 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 	/* w is written under the lock; r lives at least until w.done. */
 	while (!w.done) {
 		if (tfab__now_ms() >= deadline) {
+			TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld: gave up after %d ms", r->key,
+				   (long long)step, timeout_ms);
 			tfab__request_fail(r, -ETIMEDOUT, true); /* sets w.done */
 			break;
 		}
@@ -524,6 +610,18 @@ int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 		   int64_t step_id, DLTensor *dest, int timeout_ms, DLManagedTensor **tensor_p,
 		   bool *is_dead_p)
 {
-	return tfab__recv_wait(ctx, peer, key, step_id, dest, false, timeout_ms, tensor_p, NULL,
-			       is_dead_p);
+	struct tfab_recv_args a = {.dest = dest};
+
+	return tfab__recv_wait(ctx, peer, key, step_id, &a, timeout_ms, tensor_p, NULL, is_dead_p);
+}
+
+int tfab_recv_into_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+			int64_t step_id, DLTensor *dest, unsigned flags, int timeout_ms,
+			DLManagedTensor **tensor_p, bool *is_dead_p)
+{
+	struct tfab_recv_args a = {.dest = dest, .flags = flags};
+
+	if (!dest)
+		return -EINVAL;
+	return tfab__recv_wait(ctx, peer, key, step_id, &a, timeout_ms, tensor_p, NULL, is_dead_p);
 }

@@ -676,6 +676,16 @@ static bool bound_to(struct tfab_send *s, void *arg)
 	       s->to == peer;
 }
 
+unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer)
+{
+	unsigned n = 0;
+
+	for (size_t i = 0; i < ctx->sends.nbuckets; i++)
+		for (struct tfab_hnode *h = ctx->sends.buckets[i]; h; h = h->next)
+			n += bound_to(tfab_container_of(h, struct tfab_send, node), peer);
+	return n;
+}
+
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status)
 {
 	sends_for_each(ctx, bound_to, peer, status);

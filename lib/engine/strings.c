@@ -148,7 +148,9 @@ int tfab_recv_strings(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		return tfab_tensorproto_decode(NULL, 0, NULL, NULL);
 	if (!cb)
 		return -EINVAL;
-	return tfab__recv_post(ctx, peer, key, step_id, NULL, NULL, cb, arg);
+	struct tfab_recv_args a = {.strings = true, .scb = cb, .arg = arg};
+
+	return tfab__recv_post(ctx, peer, key, step_id, &a);
 }
 
 int tfab_recv_strings_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
@@ -157,6 +159,7 @@ int tfab_recv_strings_sync(struct tfab_context *ctx, struct tfab_peer *peer, con
 {
 	if (!HAVE_PROTOBUF)
 		return tfab_tensorproto_decode(NULL, 0, NULL, NULL);
-	return tfab__recv_wait(ctx, peer, key, step_id, NULL, true, timeout_ms, NULL, tensor_p,
-			       is_dead_p);
+	struct tfab_recv_args a = {.strings = true};
+
+	return tfab__recv_wait(ctx, peer, key, step_id, &a, timeout_ms, NULL, tensor_p, is_dead_p);
 }

@@ -146,6 +146,37 @@ DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_w
 	return &m->dl;
 }
 
+/* A view and its shape in one allocation; the data is the caller's. */
+struct tfab_view {
+	DLManagedTensor dl;
+	int64_t shape[TFAB_MAX_DIMS];
+};
+
+static void view_delete(DLManagedTensor *dl)
+{
+	free(dl);
+}
+
+DLManagedTensor *tfab__view_new(const struct tfab_wire_meta *meta, const DLTensor *dest)
+{
+	struct tfab_view *v = calloc(1, sizeof(*v));
+
+	if (!v)
+		return NULL;
+	memcpy(v->shape, meta->shape, sizeof(int64_t) * meta->ndim);
+	v->dl.dl_tensor.data = dest->data;
+	v->dl.dl_tensor.byte_offset = dest->byte_offset;
+	v->dl.dl_tensor.device = dest->device;
+	v->dl.dl_tensor.ndim = meta->ndim;
+	v->dl.dl_tensor.dtype.code = meta->dtype_code;
+	v->dl.dl_tensor.dtype.bits = meta->dtype_bits;
+	v->dl.dl_tensor.dtype.lanes = meta->dtype_lanes;
+	v->dl.dl_tensor.shape = v->shape;
+	v->dl.manager_ctx = v;
+	v->dl.deleter = view_delete;
+	return &v->dl;
+}
+
 int tfab__check_key(const char *key, size_t *len_p)
 {
 	size_t len;

@@ -119,10 +119,10 @@ static int parse_level(const char *text, void *field, size_t size, unsigned long
 	(void)size;
 	(void)min;
 	(void)max;
+	/* A level that is none is warn, and the logger says so once (util/log.c), not both. */
 	rc = tfab__log_level_parse(text, &level);
-	if (rc == 0)
-		*(int *)field = (int)level;
-	return rc;
+	*(int *)field = rc == 0 ? (int)level : TFAB_LOG_WARN;
+	return 0;
 }
 
 static void format_level(const void *field, char *buf, size_t len)

@@ -54,7 +54,15 @@ static enum tfab_log_level env_level(void)
 	const char *env = getenv("TFAB_LOG_LEVEL");
 
 	if (env && *env && tfab__log_level_parse(env, &level) != 0) {
-		fprintf(stderr, "tfab: TFAB_LOG_LEVEL=%s is not a level, using warn\n", env);
+		static atomic_flag warned = ATOMIC_FLAG_INIT;
+
+		/* Once a process, whoever reads it first: the level itself is set once too. */
+		if (!atomic_flag_test_and_set(&warned))
+			fprintf(
+			    stderr,
+			    "tfab warn [log]: TFAB_LOG_LEVEL=%s is not a level (none, error, warn, "
+			    "info, debug, trace or 0..5): using warn\n",
+			    env);
 		level = TFAB_LOG_WARN;
 	}
 	return level;

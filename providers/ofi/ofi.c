@@ -31,7 +31,16 @@
 #define TFAB_OFI_OP_CHUNK 256
 #define TFAB_OFI_SOCKETS_INFLIGHT 32 /* see tfab_ep.max_inflight */
 
-/* INJECT: an injected write posted with a context (see inject_ctx); it reports nothing. */
+/*
+ * INJECT: an injected write. It goes as fi_writemsg(FI_INJECT) with a context rather than as
+ * fi_inject_writedata, so that a failed one names its write (and its peer), and so that
+ * sockets counts it against max_inflight. libfabric 1.17's rxm (tcp;ofi_rxm) needs it too: it
+ * passes a context-less inject straight to its tcp endpoint, which reports a failed one (the
+ * peer closed: EPIPE) as an error completion with a NULL context; rxm_handle_comp_error then
+ * reads the protocol state through that NULL pointer and the process dies inside fi_cq_read.
+ * With a context, rxm sends it from a buffer of its own and reports errors with ours. Its
+ * completion reports nothing; its failure is an ERROR event marked injected.
+ */
 enum tfab_ofi_op_kind { TFAB_OFI_OP_WRITE = 1, TFAB_OFI_OP_INJECT, TFAB_OFI_OP_RX };
 
 /* Per-operation context; fi_context2 first, as the FI_CONTEXT modes require. */
@@ -54,15 +63,6 @@ struct tfab_ep {
 	uint64_t next_key;
 	bool rx_cq_data;
 	/*
-	 * Injected writes go as fi_writemsg(FI_INJECT) with a context rather than as
-	 * fi_inject_writedata. libfabric 1.17's rxm (tcp;ofi_rxm) passes a context-less inject
-	 * straight to its tcp endpoint, which reports a failed one (the peer closed: EPIPE) as
-	 * an error completion with a NULL context; rxm_handle_comp_error then reads the
-	 * protocol state through that NULL pointer and the process dies inside fi_cq_read.
-	 * With a context, rxm sends it from a buffer of its own and reports errors with ours.
-	 */
-	bool inject_ctx;
-	/*
 	 * Writes posted and not completed, and their bound. libfabric 1.17's sockets runs every
 	 * operation of a domain on one table of 128 entries, receives included, and lets writes
 	 * take all but one; each connection reads one message at a time and answers a write with
@@ -70,7 +70,7 @@ struct tfab_ep {
 	 * filled with writes waiting for acks that neither could read any more: the transfer
 	 * stalled for good (two threads sending 2,000 string tensors, 1 run in 3). Kept to a
 	 * quarter of the table, writes leave the rest to receives; the engine queues the
-	 * writes that meet -EAGAIN. Injects are posted with a context there so that they count.
+	 * writes that meet -EAGAIN.
 	 */
 	unsigned max_inflight, inflight;
 	unsigned rx_depth, rx_posted;
@@ -489,7 +489,6 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->mr_mode = fi->domain_attr->mr_mode;
 	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
 	sockets = strcmp(fi->fabric_attr->prov_name, "sockets") == 0;
-	ep->inject_ctx = strstr(fi->fabric_attr->prov_name, "ofi_rxm") != NULL || sockets;
 	ep->max_inflight = sockets ? TFAB_OFI_SOCKETS_INFLIGHT : UINT32_MAX;
 	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
 	if (progress_manual(fi))
@@ -745,20 +744,13 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 		return -TFAB_ERR_PEER_FAILED;
 	if (ep->inflight >= ep->max_inflight)
 		return -EAGAIN;
-	if (inject) {
-		if (len > ep->caps.inject_size)
-			return -EMSGSIZE;
-		if (!ep->inject_ctx) {
-			rc =
-			    fi_inject_writedata(ep->ep, lbuf, len, imm, peer->fi_addr, raddr, rkey);
-			return rc ? post_error(rc, "fi_inject_writedata", len) : 0;
-		}
-	}
+	if (inject && len > ep->caps.inject_size)
+		return -EMSGSIZE;
 	op = op_get(ep);
 	if (!op)
 		return -ENOMEM;
 	op->kind = inject ? TFAB_OFI_OP_INJECT : TFAB_OFI_OP_WRITE;
-	op->ctx = inject ? NULL : ctx;
+	op->ctx = ctx;
 	op->conn = peer;
 	if (inject) {
 		struct iovec iov = {.iov_base = (void *)lbuf, .iov_len = len};
@@ -810,7 +802,10 @@ static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
 	}
 	ev->type = TFAB_EV_ERROR;
 	ev->status = ofi_cq_status(err.err);
-	ev->ctx = (op && op->kind == TFAB_OFI_OP_WRITE) ? op->ctx : NULL; /* NULL for injects */
+	if (op && (op->kind == TFAB_OFI_OP_WRITE || op->kind == TFAB_OFI_OP_INJECT)) {
+		ev->ctx = op->ctx;
+		ev->injected = op->kind == TFAB_OFI_OP_INJECT;
+	}
 	ev->errmsg = ep->errmsg;
 	TFAB_DEBUG(SUBSYS, "completion error: %s (%s, prov_errno %d)", fi_strerror(err.err),
 		   ep->errmsg, err.prov_errno);

@@ -343,14 +343,15 @@ static int on_send_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_e
 		}
 		tfab_verbs_op_put(ep, op);
 	} else {
-		/* The write that failed; an injected one has no context to report. */
+		/* The write that failed: an injected one is reported too, marked so. */
 		status = wc_status(st);
 		TFAB_INFO(
 		    SUBSYS, "a %llu-byte write on connection %u failed: %s (vendor error %#x)",
 		    (unsigned long long)op->len, conn->id, ibv_wc_status_str(st), wc->vendor_err);
 		out->type = TFAB_EV_ERROR;
 		out->status = status;
-		out->ctx = op->inject ? NULL : op->ctx;
+		out->ctx = op->ctx;
+		out->injected = op->inject;
 		out->errmsg = ibv_wc_status_str(st);
 		nev = 1;
 		tfab_verbs_op_put(ep, op);

@@ -324,6 +324,93 @@ static void dead_peer_child(int fd)
 		ops->poll(ep, ev, 16);
 }
 
+/* A child with a target region, as dead_peer_child, and the connection to it. */
+static pid_t start_child(struct tfab_conn **peer_p, struct tfab_mr *target)
+{
+	char msg[600];
+	uint32_t mlen;
+	int sv[2];
+	pid_t pid;
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(sv[0]);
+		dead_peer_child(sv[1]);
+	}
+	close(sv[1]);
+	assert_int_equal(tfab__sock_recv_msg(sv[0], msg, sizeof(msg), &mlen, 20000), 0);
+	close(sv[0]);
+	memset(target, 0, sizeof(*target));
+	memcpy(&target->raddr, msg, 8);
+	memcpy(&target->rkey, msg + 8, 8);
+	assert_int_equal(H.ops->connect(H.a.ep, msg + 16, mlen - 16, peer_p), 0);
+	return pid;
+}
+
+/*
+ * Injected writes report nothing while they succeed; once their peer is dead, each failure
+ * that comes back names its write (its context, marked injected), so that the engine can tell
+ * whose it was. A fabric may refuse the posts instead.
+ */
+static void test_inject_to_dead_peer(void **state)
+{
+	static uint8_t src[8];
+	static int marker;
+	struct tfab_mr *smr = harness_reg(&H.a, src, sizeof(src));
+	struct tfab_mr target;
+	struct tfab_conn *peer;
+	uint64_t deadline;
+	int status, post_err = 0;
+	pid_t pid;
+	bool ok;
+
+	(void)state;
+	if (H.a.caps->inject_size == 0)
+		skip();
+	reset_trackers();
+	pid = start_child(&peer, &target);
+	for (int i = 0; i < 64; i++) {
+		int rc = H.ops->write_imm(H.a.ep, peer, src, 0, smr, target.raddr, target.rkey, 3,
+					  TFAB_WRITE_INJECT, &marker);
+
+		assert_true(rc == 0 || rc == -EAGAIN);
+		harness_pump();
+	}
+	WAIT_FOR(ok, 0, 200);
+	(void)ok;
+	assert_int_equal(H.a.t.writes_done, 0); /* injects report nothing */
+	assert_int_equal(H.a.t.errors, 0);
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	remove_shm_of(pid);
+	deadline = tfab__now_ms() + 15000;
+	while (H.a.t.errors == 0 && post_err == 0 && tfab__now_ms() < deadline) {
+		int rc = H.ops->write_imm(H.a.ep, peer, src, 0, smr, target.raddr, target.rkey, 4,
+					  TFAB_WRITE_INJECT, &marker);
+
+		if (rc && rc != -EAGAIN)
+			post_err = rc;
+		harness_pump();
+		usleep(1000);
+	}
+	WAIT_FOR(ok, 0, 500);
+	print_message(
+	    "injects to a dead peer: %llu error events (%llu marked injected, %llu naming "
+	    "no write); post error %s\n",
+	    (unsigned long long)H.a.t.errors, (unsigned long long)H.a.t.errors_injected,
+	    (unsigned long long)H.a.t.errors_no_ctx, post_err ? tfab_strerror(post_err) : "none");
+	assert_true(H.a.t.errors || post_err);
+	assert_int_equal(H.a.t.errors_no_ctx, 0);
+	assert_int_equal(H.a.t.errors_injected, H.a.t.errors);
+	if (H.a.t.errors)
+		assert_ptr_equal(H.a.t.last_error_ctx, &marker);
+	assert_int_equal(H.ops->disconnect(peer), 0);
+	assert_int_equal(H.ops->mr_dereg(smr), 0);
+	write_and_check(2048, 0, 4244);
+}
+
 static void test_peer_killed(void **state)
 {
 	enum { LEN = 256 << 10, WINDOW = 4 };
@@ -428,6 +515,7 @@ int main(void)
 	    cmocka_unit_test(test_bad_rkey),
 	    cmocka_unit_test(test_out_of_range),
 	    cmocka_unit_test(test_peer_killed),
+	    cmocka_unit_test(test_inject_to_dead_peer),
 	};
 	int rc = harness_open();
 

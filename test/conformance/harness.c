@@ -109,6 +109,8 @@ static void track(struct tracker *t, const struct tfab_event *ev)
 		break;
 	case TFAB_EV_ERROR:
 		t->errors++;
+		t->errors_no_ctx += ev->ctx == NULL;
+		t->errors_injected += ev->injected;
 		t->last_status = ev->status;
 		t->last_error_ctx = ev->ctx;
 		if (t->watch_ctx && ev->ctx == t->watch_ctx) {

@@ -20,6 +20,8 @@ struct tracker {
 	uint64_t writes_done;
 	uint64_t remote_writes;
 	uint64_t errors;
+	uint64_t errors_no_ctx; /* ERROR events that name no write */
+	uint64_t errors_injected;
 	int last_status;
 	void *last_error_ctx;
 	char last_errmsg[256];

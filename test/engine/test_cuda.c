@@ -216,6 +216,11 @@ static int transfer(struct mp *mp, bool src_gpu, int dst_kind /* 0 pool, 1 cpu, 
 			CHECK_RC(f.status, 0);
 			if (dst_kind) {
 				CHECK(buf_check(&b, seed));
+				/* A view of the caller's tensor, where it is (the GPU too). */
+				CHECK(f.m && f.m->dl_tensor.data == b.t.data &&
+				      f.m->dl_tensor.device.device_type == b.t.device.device_type &&
+				      f.m->dl_tensor.shape[0] == (int64_t)n);
+				f.m->deleter(f.m);
 			} else {
 				CHECK(f.m && f.m->dl_tensor.shape[0] == (int64_t)n);
 				for (size_t i = 0; i < n; i++)

@@ -104,8 +104,8 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 		d->errors++;
 		d->last_status = status;
 	}
-	if (d->tensor && t)
-		d->tensor->deleter(d->tensor);
+	if (d->tensor)
+		d->tensor->deleter(d->tensor); /* only the last one is kept */
 	d->tensor = t;
 	d->is_dead = is_dead;
 	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
@@ -165,17 +165,14 @@ static int send_recv(struct mp *mp, bool recv_first, bool caller_dest, int64_t s
 		CHECK(wait_n(mp, &d, 1));
 		CHECK(d.errors == 0);
 		CHECK(!d.is_dead);
-		if (caller_dest) {
-			CHECK(d.tensor == NULL);
-			CHECK(bytes_match(t.buf, t.nbytes, 42));
-		} else {
-			DLTensor *r = &d.tensor->dl_tensor;
+		/* A pool tensor, or a view of the caller's: what landed, and where. */
+		DLTensor *r = &d.tensor->dl_tensor;
 
-			CHECK(r->ndim == 2 && r->shape[0] == 33 && r->shape[1] == 17);
-			CHECK(r->dtype.code == kDLFloat && r->dtype.bits == 32);
-			CHECK(bytes_match(r->data, t.nbytes, 42));
-			d.tensor->deleter(d.tensor);
-		}
+		CHECK(r->ndim == 2 && r->shape[0] == 33 && r->shape[1] == 17);
+		CHECK(r->dtype.code == kDLFloat && r->dtype.bits == 32);
+		CHECK(bytes_match(r->data, t.nbytes, 42));
+		CHECK(!caller_dest || (r->data == t.buf && bytes_match(t.buf, t.nbytes, 42)));
+		d.tensor->deleter(d.tensor);
 		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
 		CHECK(st.bytes_received - st0.bytes_received >= t.nbytes);
 		CHECK(st.requests - st0.requests >= 1);
@@ -406,6 +403,8 @@ static int sc_many_keys(struct mp *mp)
 		    nkeys, steps, (unsigned long long)((uint64_t)time(NULL) - t0), rss100, rss_end);
 	if (rss100)
 		CHECK(rss_end <= rss100 + rss100 / 10);
+	if (d.tensor)
+		d.tensor->deleter(d.tensor); /* the last receive's view */
 	free(t);
 	free(data);
 	return 0;
@@ -1415,6 +1414,216 @@ static int sc_flush(struct mp *mp)
 	return 0;
 }
 
+/* Log lines captured by a sink: level and text, the first LOG_LINES of them. */
+enum { LOG_LINES = 4096 };
+static struct {
+	pthread_mutex_t lock;
+	int n;
+	enum tfab_log_level level[LOG_LINES];
+	char text[LOG_LINES][200];
+} logged = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void capture(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	(void)arg;
+	(void)subsys;
+	pthread_mutex_lock(&logged.lock);
+	if (logged.n < LOG_LINES) {
+		logged.level[logged.n] = level;
+		snprintf(logged.text[logged.n], sizeof(logged.text[0]), "%s", msg);
+		logged.n++;
+	}
+	pthread_mutex_unlock(&logged.lock);
+}
+
+/* How many captured lines at level (or any level: -1) hold all of the words given. */
+static int lines_with(int level, const char *a, const char *b, const char *c)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&logged.lock);
+	for (int i = 0; i < logged.n; i++)
+		n += (level < 0 || (int)logged.level[i] == level) && strstr(logged.text[i], a) &&
+		     (!b || strstr(logged.text[i], b)) && (!c || strstr(logged.text[i], c));
+	pthread_mutex_unlock(&logged.lock);
+	return n;
+}
+
+#define D TFAB_LOG_DEBUG
+
+/*
+ * What TFAB_LOG_LEVEL shows. At debug, one line per event with the peer, key and step: the
+ * connection, each request, a request parked for its send, a meta-data reply and the cache's
+ * change, a receive that gave up and its cancel, the verdict; at trace, each write as well; at
+ * info, none of them. A clean exchange, the peer leaving at the end included, warns of
+ * nothing. Each rank makes a pair of contexts of its own under a capturing sink.
+ */
+static int sc_debug_log(struct mp *mp)
+{
+	enum tfab_log_level before = tfab_log_set_level(TFAB_LOG_DEBUG);
+	int32_t v = 5;
+	int64_t one = 1;
+	DLTensor t = int32_scalar(&v, &one);
+	struct tfab_context *ctx;
+	struct tfab_peer *peer;
+	struct done d = {0};
+	unsigned port;
+
+	logged.n = 0;
+	tfab_log_set_sink(capture, NULL);
+	CHECK_RC(tfab_context_create(&ctx), 0);
+	if (mp->rank == 0) {
+		DLManagedTensor *m = NULL;
+		uint16_t p16;
+
+		CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+		CHECK_RC(mp_put(mp, "dbg_port", p16), 0);
+		CHECK_RC(tfab_accept(ctx, 20000, &peer), 0);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "dbg/a", 1, NULL, WAIT_MS, &m, NULL), 0);
+		m->deleter(m);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "dbg/never", 2, NULL, 100, &m, NULL),
+			 -ETIMEDOUT);
+		tfab_log_set_level(TFAB_LOG_TRACE);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "dbg/b", 3, NULL, WAIT_MS, &m, NULL), 0);
+		m->deleter(m);
+		tfab_log_set_level(TFAB_LOG_INFO);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "dbg/c", 4, NULL, WAIT_MS, &m, NULL), 0);
+		m->deleter(m);
+		/* Rank 1 leaves with nothing pending: news, not a warning. */
+		for (uint64_t until = ms_now() + WAIT_MS;
+		     !lines_with(TFAB_LOG_INFO, "is gone", NULL, NULL) && ms_now() < until;)
+			tfab_progress(ctx);
+		CHECK(lines_with(TFAB_LOG_INFO, "is gone", "nothing was pending", NULL) == 1);
+		CHECK_RC(tfab_peer_destroy(peer), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		CHECK(lines_with(D, "connected", "peer 0", NULL) == 1);
+		CHECK(lines_with(D, "request", "'dbg/a' step 1", "peer 0") >= 1);
+		CHECK(lines_with(D, "meta-data from peer 0", "'dbg/a' step 1", NULL) == 1);
+		CHECK(lines_with(D, "'dbg/never' step 2", "fails", "cancel sent") == 1);
+		CHECK(lines_with(D, "'dbg/b' step 3", NULL, NULL) >= 1);
+		CHECK(lines_with(TFAB_LOG_TRACE, "'dbg/b' step 3", "landed", NULL) == 1);
+		CHECK(lines_with(TFAB_LOG_TRACE, "'dbg/a'", NULL, NULL) == 0);
+		CHECK(lines_with(-1, "'dbg/c'", NULL, NULL) == 0);
+	} else {
+		size_t parked = 0;
+
+		CHECK_RC(mp_get(mp, 0, "dbg_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, 20000, &peer), 0);
+		/* Wait for the request, so that it is parked before the send. */
+		for (uint64_t until = ms_now() + WAIT_MS; parked == 0 && ms_now() < until;) {
+			tfab_progress(ctx);
+			tfab__ctx_lock(ctx);
+			parked = ctx->parked.count;
+			tfab__ctx_unlock(ctx);
+		}
+		CHECK_RC(tfab_send(ctx, "dbg/a", 1, &t, false, on_sent, &d), 0);
+		CHECK_RC(tfab_send(ctx, "dbg/b", 3, &t, false, on_sent, &d), 0);
+		CHECK_RC(tfab_send(ctx, "dbg/c", 4, &t, false, on_sent, &d), 0);
+		CHECK_RC(tfab_flush(ctx, WAIT_MS), 0);
+		CHECK(d.errors == 0);
+		CHECK_RC(tfab_peer_destroy(peer), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		CHECK(lines_with(D, "'dbg/a' step 1", "parked", "peer 0") == 1);
+		CHECK(lines_with(D, "meta-data to peer 0", "'dbg/a' step 1", NULL) == 1);
+		CHECK(lines_with(D, "peer 0 took 'dbg/a' step 1", NULL, NULL) == 1);
+		CHECK(lines_with(D, "peer 0 cancelled request", NULL, NULL) == 1);
+	}
+	tfab_log_set_sink(NULL, NULL);
+	tfab_log_set_level(before);
+	CHECK(lines_with(TFAB_LOG_WARN, "", NULL, NULL) == 0);
+	CHECK(lines_with(TFAB_LOG_ERROR, "", NULL, NULL) == 0);
+	return 0;
+}
+
+/* Whether m is a view of the caller's buffer buf with the given shape. */
+static bool view_of(const DLManagedTensor *m, const void *buf, int ndim, const int64_t *shape)
+{
+	if (!m || m->dl_tensor.data != buf || m->dl_tensor.ndim != ndim)
+		return false;
+	for (int i = 0; i < ndim; i++)
+		if (m->dl_tensor.shape[i] != shape[i])
+			return false;
+	return true;
+}
+
+/*
+ * A caller's destination of another shape: refused (-EINVAL) when it differs, even with the
+ * same bytes ([32,32] for [1024]) or more room ([2048]), and of another dtype; taken with
+ * TFAB_RECV_ANY_SHAPE when the bytes fit (the view says the tensor's shape), refused with
+ * -EMSGSIZE when they do not. Every refusal leaves the send to the next receive; every
+ * success reports the tensor's dtype and shape.
+ */
+static int sc_dest_shape(struct mp *mp)
+{
+	int64_t s1024[1] = {1024}, s2048[1] = {2048}, s32x32[2] = {32, 32}, s512[1] = {512};
+	struct tensor src, d2048, d32x32, dint, d512, d1024;
+
+	tensor_make(&src, f32, 1, s1024);
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		tensor_fill(&src, 33);
+		for (int64_t step = 1; step <= 4; step++)
+			CHECK_RC(tfab_send(mp->ctx, "shaped", step, &src.dl, false, on_sent, &d),
+				 0);
+		CHECK(wait_n(mp, &d, 4));
+		CHECK(d.errors == 0);
+		tensor_free(&src);
+		return 0;
+	}
+	struct tfab_peer *p = mp->peers[1];
+	DLManagedTensor *m = NULL;
+
+	tensor_make(&d2048, f32, 1, s2048);
+	tensor_make(&d32x32, f32, 2, s32x32);
+	tensor_make(&dint, (DLDataType){kDLInt, 32, 1}, 1, s1024);
+	tensor_make(&d512, f32, 1, s512);
+	tensor_make(&d1024, f32, 1, s1024);
+	/* Step 1: three wrong destinations, then the right one. */
+	CHECK_RC(tfab_recv_sync(mp->ctx, p, "shaped", 1, &d2048.dl, WAIT_MS, &m, NULL), -EINVAL);
+	CHECK_RC(tfab_recv_sync(mp->ctx, p, "shaped", 1, &d32x32.dl, WAIT_MS, &m, NULL), -EINVAL);
+	CHECK_RC(tfab_recv_into_sync(mp->ctx, p, "shaped", 1, &dint.dl, TFAB_RECV_ANY_SHAPE,
+				     WAIT_MS, &m, NULL),
+		 -EINVAL);
+	CHECK(m == NULL);
+	CHECK_RC(tfab_recv_sync(mp->ctx, p, "shaped", 1, &d1024.dl, WAIT_MS, &m, NULL), 0);
+	CHECK(view_of(m, d1024.buf, 1, s1024) && bytes_match(d1024.buf, d1024.nbytes, 33));
+	CHECK(m->dl_tensor.dtype.code == kDLFloat && m->dl_tensor.dtype.bits == 32);
+	m->deleter(m);
+	/* Steps 2 and 3: any shape that fits, more room or the same bytes otherwise shaped. */
+	CHECK_RC(tfab_recv_into_sync(mp->ctx, p, "shaped", 2, &d2048.dl, TFAB_RECV_ANY_SHAPE,
+				     WAIT_MS, &m, NULL),
+		 0);
+	CHECK(view_of(m, d2048.buf, 1, s1024) && bytes_match(d2048.buf, src.nbytes, 33));
+	m->deleter(m);
+	CHECK_RC(tfab_recv_into_sync(mp->ctx, p, "shaped", 3, &d512.dl, TFAB_RECV_ANY_SHAPE,
+				     WAIT_MS, &m, NULL),
+		 -EMSGSIZE);
+	CHECK_RC(tfab_recv_into_sync(mp->ctx, p, "shaped", 3, &d32x32.dl, TFAB_RECV_ANY_SHAPE,
+				     WAIT_MS, &m, NULL),
+		 0);
+	CHECK(view_of(m, d32x32.buf, 1, s1024) && bytes_match(d32x32.buf, src.nbytes, 33));
+	m->deleter(m);
+	/* Step 4: asynchronously, the callback gets the view. */
+	struct done d = {0};
+
+	CHECK_RC(
+	    tfab_recv_into(mp->ctx, p, "shaped", 4, &d2048.dl, TFAB_RECV_ANY_SHAPE, on_recv, &d),
+	    0);
+	CHECK(wait_n(mp, &d, 1));
+	CHECK(d.errors == 0 && view_of(d.tensor, d2048.buf, 1, s1024));
+	d.tensor->deleter(d.tensor);
+	CHECK_RC(tfab_recv_into(mp->ctx, p, "shaped", 5, NULL, 0, on_recv, &d), -EINVAL);
+	CHECK_RC(tfab_recv_into(mp->ctx, p, "shaped", 5, &d2048.dl, 1u << 7, on_recv, &d), -EINVAL);
+	tensor_free(&src);
+	tensor_free(&d2048);
+	tensor_free(&d32x32);
+	tensor_free(&dint);
+	tensor_free(&d512);
+	tensor_free(&d1024);
+	return 0;
+}
+
 /* Bad input at the API: clear errors, nothing else disturbed. */
 static int sc_bad_input(struct mp *mp)
 {
@@ -1444,8 +1653,10 @@ static int sc_bad_input(struct mp *mp)
 		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], longkey, 1, NULL, on_recv, &r),
 			 -ENAMETOOLONG);
 		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "x", 1, NULL, NULL, &r), -EINVAL);
-		/* a destination too small, and one of another dtype */
-		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "big", 1, &dst_small.dl, on_recv, &r), 0);
+		/* a destination too small (for any shape), and one of another dtype */
+		CHECK_RC(tfab_recv_into(mp->ctx, mp->peers[1], "big", 1, &dst_small.dl,
+					TFAB_RECV_ANY_SHAPE, on_recv, &r),
+			 0);
 		CHECK(wait_n(mp, &r, 1));
 		CHECK(r.errors == 1 && r.last_status == -EMSGSIZE);
 		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "big", 1, &dst_int.dl, on_recv, &r), 0);
@@ -1455,6 +1666,8 @@ static int sc_bad_input(struct mp *mp)
 		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "big", 1, &t.dl, on_recv, &r), 0);
 		CHECK(wait_n(mp, &r, 3));
 		CHECK(r.errors == 2 && bytes_match(t.buf, t.nbytes, 3));
+		CHECK(r.tensor && r.tensor->dl_tensor.data == t.buf);
+		r.tensor->deleter(r.tensor);
 	} else {
 		CHECK_RC(tfab_send(mp->ctx, "big", 1, &t.dl, false, on_sent, &d), 0);
 		CHECK(wait_n(mp, &d, 1));
@@ -1626,6 +1839,8 @@ static const struct mp_scenario scenarios[] = {
     {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},
     {.name = "send_to", .nranks = 3, .fn = sc_send_to},
     {.name = "flush", .nranks = 2, .fn = sc_flush},
+    {.name = "dest_shape", .nranks = 2, .fn = sc_dest_shape},
+    {.name = "debug_log", .nranks = 2, .fn = sc_debug_log},
     {.name = "bad_input", .nranks = 2, .fn = sc_bad_input},
     {.name = "malformed_version", .nranks = 3, .fn = sc_malformed_version, .no_barrier = true},
     {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},

@@ -51,6 +51,12 @@ check "TFAB_PROVIDER=nonsense tfab-info fails" [ $? != 0 ]
 check "... naming the choices" grep -q 'Choices: auto, verbs, ofi' "$out/err"
 check "... and what is usable here" grep -q "$choices" "$out/err"
 
+# An invalid log level is a warning with a fallback to warn, said once, not an error too.
+TFAB_LOG_LEVEL=loud "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "TFAB_LOG_LEVEL=loud tfab-info runs" [ $? = 0 ]
+check "... and warns once that it uses warn" [ "$(grep -c 'TFAB_LOG_LEVEL=loud is not a level' "$out/err")" = 1 ]
+check "... and nothing else about it" [ "$(grep -c 'TFAB_LOG_LEVEL' "$out/err")" = 1 ]
+
 TFAB_OFI_CQ_SIZE=abc "$bin/tfab-info" >/dev/null 2>"$out/err"
 check "a bad setting fails tfab-info" [ $? != 0 ]
 check "... naming the variable" grep -q 'TFAB_OFI_CQ_SIZE=abc' "$out/err"

@@ -255,6 +255,8 @@ static int cpu_only(void)
 	CHECK(tfab_recv(b, pb, "cpu", 2, &d, on_recv, &fr) == 0);
 	CHECK(wait_both(a, b, &fs, &fr));
 	CHECK(fs.status == 0 && fr.status == 0 && memcmp(dst, src, sizeof(src)) == 0);
+	CHECK(fr.m && fr.m->dl_tensor.data == dst); /* a view of the caller's tensor */
+	fr.m->deleter(fr.m);
 	CHECK(no_cuda());
 
 	/* Emulation takes the "device" memory as host memory: no runtime to load. */
