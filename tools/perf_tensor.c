@@ -22,7 +22,6 @@
 #include <tfab/tfab.h>
 
 #include "perf.h"
-#include "util/config.h"
 #include "util/sock.h"
 #include "util/time.h"
 
@@ -93,31 +92,6 @@ static void buf_release(bool cuda, uint8_t *buf)
 #endif
 	(void)cuda;
 	free(buf);
-}
-
-/*
- * The domain the context runs on, or "" when unknown. The engine names its backend and fabric
- * only; an endpoint opened as tfab_context_create opens its own (the settings read from the
- * environment, not local-only) is on the same domain: the one it reports, if it is on the
- * same fabric.
- */
-static void context_domain(struct tfab_context *ctx, char *buf, size_t len)
-{
-	const struct tfab_provider_ops *ops;
-	const struct tfab_caps *caps;
-	struct tfab_config cfg;
-	struct tfab_ep *ep;
-	char err[1024];
-
-	buf[0] = '\0';
-	if (tfab__config_init(&cfg, err, sizeof(err)) ||
-	    tfab__provider_open(&cfg, false, &ops, &ep, err, sizeof(err)))
-		return;
-	caps = ops->caps(ep);
-	if (strcmp(caps->backend, tfab_context_backend(ctx)) == 0 &&
-	    strcmp(caps->fabric, tfab_context_fabric(ctx)) == 0)
-		snprintf(buf, len, "%s", caps->domain);
-	ops->close(ep);
 }
 
 /* One transfer's tensor: a bandwidth slot, a ping-pong side, or a control tensor. */
@@ -400,7 +374,6 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 	struct tstate s = {.verify = o->verify, .cuda = o->cuda};
 	struct tfab_stats st;
 	uint8_t *bufs[2] = {0}, *slot_bufs[64] = {0};
-	char domain[64] = "";
 	size_t maxsize = 1, slot_len = 0;
 	uint16_t port = 0;
 	uint32_t mlen;
@@ -433,10 +406,9 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		goto out;
 	}
 	if (p->client)
-		context_domain(s.ctx, domain, sizeof(domain));
 	if (p->client && !o->json) {
 		printf("tfab-perf tensor: %s %s on %s\n", tfab_context_backend(s.ctx),
-		       tfab_context_fabric(s.ctx), domain[0] ? domain : "?");
+		       tfab_context_fabric(s.ctx), tfab_context_domain(s.ctx));
 		printf("%12s %9s %7s %10s %10s %10s   %-18s %s\n", "bytes", "iters", "window",
 		       "GB/s", "Gb/s", "lat_us", "copies/meta_misses", "verified");
 	}
@@ -475,7 +447,7 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 			r.meta_misses = st.meta_misses;
 			r.has_engine = true;
 			perf_print_result(o, "tensor", tfab_context_backend(s.ctx),
-					  tfab_context_fabric(s.ctx), domain[0] ? domain : NULL,
+					  tfab_context_fabric(s.ctx), tfab_context_domain(s.ctx),
 					  &r);
 			failed |= o->verify && !r.verified;
 		}

@@ -179,9 +179,10 @@ struct tfab_stats {
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);
 
-/* What the context runs on: "ofi", "tcp;ofi_rxm". Valid for the context's life. */
+/* What the context runs on: "ofi", "tcp;ofi_rxm", "lo". Valid for the context's life. */
 TFAB_EXPORT const char *tfab_context_backend(struct tfab_context *ctx);
 TFAB_EXPORT const char *tfab_context_fabric(struct tfab_context *ctx);
+TFAB_EXPORT const char *tfab_context_domain(struct tfab_context *ctx);
 
 #ifdef __cplusplus
 }

@@ -508,3 +508,8 @@ const char *tfab_context_fabric(struct tfab_context *ctx)
 {
 	return ctx ? ctx->caps->fabric : NULL;
 }
+
+const char *tfab_context_domain(struct tfab_context *ctx)
+{
+	return ctx ? ctx->caps->domain : NULL;
+}
