@@ -1190,12 +1190,13 @@ static int sc_recv_timeout(struct mp *mp)
 }
 
 /*
- * A stale reply for a request that ended here (a timeout) and whose slot a new receive has
- * taken: rank 0's request for "stale/a" times out, and its receive of "stale/b" reuses the
- * slot (the request table hands out the slot freed last). Rank 1 read the old request before,
- * and answers it only now: with META_DATA (round 0: it posts the send) or with ERROR (round 1:
- * a step cleanup). The reply names the old request's index, whose generation differs: it must
- * not touch the new receive, which then completes normally.
+ * A stale reply for a request that ended here (a cleanup) and whose slot a new receive has
+ * taken: rank 0's request for "stale/a" ends once rank 1 holds it, and its receive of
+ * "stale/b" reuses the slot (the request table hands out the slot freed last). Rank 1 answers
+ * the old request only now, not having read rank 0's cancel: with META_DATA (round 0: it posts
+ * the send) or with ERROR (round 1: a step cleanup of its own). The reply names the old
+ * request's index, whose generation differs: it must not touch the new receive, which then
+ * completes normally.
  */
 static int sc_stale_reply(struct mp *mp)
 {
@@ -1213,14 +1214,16 @@ static int sc_stale_reply(struct mp *mp)
 		snprintf(answered, sizeof(answered), "answered%d_", round);
 		snprintf(checked, sizeof(checked), "checked%d_", round);
 		if (mp->rank == 0) {
-			struct done d = {0};
+			struct done d = {0}, old = {0};
 			struct tfab_stats st0, st;
-			DLManagedTensor *m = NULL;
 
-			CHECK_RC(
-			    tfab_recv_sync(mp->ctx, mp->peers[1], key, step_a, NULL, 300, &m, NULL),
-			    -ETIMEDOUT);
+			/* The old request ends here once rank 1 holds it: a cleanup of its step. */
+			CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], key, step_a, NULL, on_recv, &old),
+				 0);
 			CHECK_RC(mp_wait_note(mp, 1, parked, WAIT_MS), 0);
+			CHECK_RC(tfab_step_cleanup(mp->ctx, step_a), 0);
+			CHECK(wait_n(mp, &old, 1));
+			CHECK(old.errors == 1 && old.last_status == -TFAB_ERR_ABORTED);
 			CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 			CHECK_RC(
 			    tfab_recv(mp->ctx, mp->peers[1], "stale/b", step_b, NULL, on_recv, &d),
