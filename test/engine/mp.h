@@ -62,21 +62,48 @@ struct mp_scenario {
  */
 int mp_main(int argc, char **argv, const struct mp_scenario *scenarios, int n);
 
-/* Drive progress until *flag becomes nonzero or timeout_ms passes; returns the flag. */
-int mp_wait_flag(struct mp *mp, const volatile int *flag, int timeout_ms);
+/*
+ * Every wait gives up when nothing has progressed for a stall bound, never after a total
+ * time: a hang fails in seconds, a slow run that keeps progressing (sockets, sanitizers) does
+ * not. The bound is TFAB_TEST_STALL_MS, 10 s by default, times 3 under ASan, 10 under TSan and
+ * 20 under valgrind. Progress is what the wait counts moving, or any send or receive
+ * completing in the context.
+ */
+int mp_stall_ms(void);
+
+struct mp_watch {
+	struct mp *mp;
+	struct tfab_context *ctx;
+	const char *what;
+	long count;
+	uint64_t completions, since_ms, next_ms;
+	int stall_ms;
+};
+
+/* Start watching a wait for `what` on ctx (mp->ctx if NULL); count is its progress so far. */
+void mp_watch_start(struct mp_watch *w, struct mp *mp, struct tfab_context *ctx, const char *what,
+		    long count);
+/* Whether the wait should give up: nothing has moved for the bound. It says so on stderr. */
+bool mp_watch_stalled(struct mp_watch *w, long count);
+
+/*
+ * Drive progress until *flag becomes nonzero; returns the flag (0: it stalled). stall_ms
+ * overrides the bound (0: mp_stall_ms()).
+ */
+int mp_wait_flag(struct mp *mp, const volatile int *flag, int stall_ms);
 
 /* Drive progress until the counter (read with acquire) reaches want; whether it did. */
-bool mp_wait_count(struct mp *mp, const int *count, int want, int timeout_ms);
+bool mp_wait_count(struct mp *mp, const int *count, int want, int stall_ms);
 
 /*
  * Notes outside the fabric (files in the run's folder), for scenarios that break the fabric:
  * mp_note marks `what` done by this rank; mp_wait_note drives progress until rank marked it,
- * or -ETIMEDOUT.
+ * or -ETIMEDOUT once nothing has progressed here for the stall bound (stall_ms, 0: default).
  */
 int mp_note(struct mp *mp, const char *what);
-int mp_wait_note(struct mp *mp, int rank, const char *what, int timeout_ms);
+int mp_wait_note(struct mp *mp, int rank, const char *what, int stall_ms);
 /* The same without driving progress: what the peer writes meanwhile stays unread. */
-int mp_wait_note_quiet(struct mp *mp, int rank, const char *what, int timeout_ms);
+int mp_wait_note_quiet(struct mp *mp, int rank, const char *what, int stall_ms);
 
 /* A number published by this rank outside the fabric (a port), and one read from rank's. */
 int mp_put(struct mp *mp, const char *what, unsigned value);

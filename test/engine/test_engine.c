@@ -19,7 +19,8 @@
 #include "engine/engine.h"
 #include "mp.h"
 
-#define WAIT_MS 60000
+/* A bound on waits for one event: the stall bound (mp.h). */
+#define WAIT_MS mp_stall_ms()
 
 /* A compact row-major tensor over caller memory. */
 struct tensor {
@@ -116,18 +117,21 @@ static int done_n(struct done *d)
 	return __atomic_load_n(&d->n, __ATOMIC_ACQUIRE);
 }
 
+/* Drive progress until d counts n completions; 0 once nothing progressed for the bound. */
 static int wait_n(struct mp *mp, struct done *d, int n)
 {
-	uint64_t spins = 0;
+	struct mp_watch w;
 
-	(void)spins;
-	for (int i = 0; i < WAIT_MS && done_n(d) < n; i++) {
+	mp_watch_start(&w, mp, NULL, "completions", done_n(d));
+	for (int i = 0; done_n(d) < n; i++) {
 		for (int k = 0; k < 1000 && done_n(d) < n; k++)
 			tfab_progress(mp->ctx);
+		if (done_n(d) < n && mp_watch_stalled(&w, done_n(d)))
+			return 0;
 		if (done_n(d) < n)
 			usleep(i < 10 ? 0 : 100);
 	}
-	return done_n(d) >= n;
+	return 1;
 }
 
 static const DLDataType f32 = {kDLFloat, 32, 1};
@@ -441,7 +445,8 @@ static void *send_thread(void *p)
 	struct thread_arg *a = p;
 	int32_t *vals = malloc(sizeof(int32_t) * (size_t)a->n);
 	int64_t one = 1;
-	struct done d = {0};
+	struct done *d = calloc(1, sizeof(*d)); /* left to late callbacks if the sends stall */
+	struct mp_watch w;
 	char key[32];
 
 	for (int i = 0; i < a->n; i++) {
@@ -453,12 +458,18 @@ static void *send_thread(void *p)
 
 		vals[i] = a->id * 100000 + i;
 		snprintf(key, sizeof(key), "thr/%d/%d", a->id, i);
-		if (tfab_send(a->mp->ctx, key, 9, &t, false, on_sent, &d))
+		if (tfab_send(a->mp->ctx, key, 9, &t, false, on_sent, d))
 			a->failed = 1;
 	}
-	while (done_n(&d) < a->n)
+	mp_watch_start(&w, a->mp, NULL, "the sends", 0);
+	while (done_n(d) < a->n && !mp_watch_stalled(&w, done_n(d)))
 		tfab_progress(a->mp->ctx);
-	a->failed |= d.errors != 0;
+	if (done_n(d) < a->n) {
+		a->failed = 1;
+		return NULL;
+	}
+	a->failed |= d->errors != 0;
+	free(d);
 	free(vals);
 	return NULL;
 }
@@ -530,9 +541,12 @@ static void serial_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 static void *serial_driver(void *p)
 {
 	struct serial *s = p;
-	uint64_t deadline = ms_now() + WAIT_MS;
+	struct mp_watch w;
+	int n;
 
-	while (__atomic_load_n(&s->finished, __ATOMIC_ACQUIRE) < s->posted && ms_now() < deadline)
+	mp_watch_start(&w, s->mp, NULL, "the callbacks", 0);
+	while ((n = __atomic_load_n(&s->finished, __ATOMIC_ACQUIRE)) < s->posted &&
+	       !mp_watch_stalled(&w, n))
 		tfab_progress(s->mp->ctx);
 	return NULL;
 }
@@ -1061,7 +1075,10 @@ static int sc_peer_exits(struct mp *mp)
 		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, 20000, &peer), 0);
 		rc = tfab_recv(ctx, peer, "never", 1, NULL, on_recv, &d);
 		if (rc == 0) {
-			for (int i = 0; i < WAIT_MS && done_n(&d) < 1; i++) {
+			struct mp_watch w;
+
+			mp_watch_start(&w, mp, ctx, "the receive's end", 0);
+			for (int i = 0; done_n(&d) < 1 && !mp_watch_stalled(&w, 0); i++) {
 				tfab_progress(ctx);
 				if (done_n(&d) < 1)
 					usleep(i < 10 ? 0 : 100);
