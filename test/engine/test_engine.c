@@ -17,6 +17,7 @@
 #include <signal.h>
 
 #include "engine/engine.h"
+#include "test/common/fault_ops.h"
 #include "mp.h"
 
 /* A bound on waits for one event: the stall bound (mp.h). */
@@ -707,27 +708,6 @@ static int sc_destroy_busy(struct mp *mp)
 	return 0;
 }
 
-/* Provider operations whose control messages (not credits) fail at once, as to a peer gone. */
-static struct tfab_provider_ops failing_ops;
-static const struct tfab_provider_ops *real_ops;
-
-static int failing_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
-			     size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
-			     uint32_t imm, unsigned flags, void *ctx)
-{
-	if (tfab__imm_is_ctrl(imm) && !tfab__imm_is_credit(imm))
-		return -TFAB_ERR_PEER_FAILED;
-	return real_ops->write_imm(ep, peer, lbuf, len, lmr, raddr, rkey, imm, flags, ctx);
-}
-
-/* Swap the context's provider operations under the lock (the progress thread uses them). */
-static void set_ops(struct tfab_context *ctx, const struct tfab_provider_ops *ops)
-{
-	tfab__ctx_lock(ctx);
-	ctx->ops = ops;
-	tfab__ctx_unlock(ctx);
-}
-
 /*
  * A step cleanup whose first message (a receive's cancel; on the sender, a parked request's
  * error reply) fails the peer, and with it the rest of what the cleanup walks: every receive
@@ -735,15 +715,15 @@ static void set_ops(struct tfab_context *ctx, const struct tfab_provider_ops *op
  */
 static int sc_cleanup_fails_peer(struct mp *mp)
 {
+	/* Control messages (not credits) fail at once, as to a peer gone. */
+	static const struct fault_rule ctrl_fails = {
+	    .match = FAULT_CTRL, .status = -TFAB_ERR_PEER_FAILED, .first = 1};
 	struct done d = {0};
 	uint64_t deadline = ms_now() + WAIT_MS;
 	int other = mp->rank ? 0 : 1;
 	size_t parked = 0;
 	char key[32];
 
-	real_ops = mp->ctx->ops;
-	failing_ops = *real_ops;
-	failing_ops.write_imm = failing_write_imm;
 	/* Rank 0 receives what rank 1 never sends: parked there, pending here. */
 	for (int i = 0; i < 4 && mp->rank == 0; i++) {
 		snprintf(key, sizeof(key), "doomed/%d", i);
@@ -757,9 +737,11 @@ static int sc_cleanup_fails_peer(struct mp *mp)
 		tfab__ctx_unlock(mp->ctx);
 	}
 	CHECK(mp->rank == 0 || parked == 4);
-	set_ops(mp->ctx, &failing_ops);
+	fault_ops_install(mp->ctx);
+	fault_ops_set(mp->ctx, &ctrl_fails, 1);
 	CHECK_RC(tfab_step_cleanup(mp->ctx, 21), 0);
-	set_ops(mp->ctx, real_ops);
+	CHECK(fault_ops_hits(mp->ctx, 0) >= 1);
+	fault_ops_remove(mp->ctx);
 	if (mp->rank == 0) {
 		CHECK(wait_n(mp, &d, 4));
 		CHECK(d.n == 4 && d.errors == 4);
