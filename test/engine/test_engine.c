@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <signal.h>
+#include <sys/mman.h>
 
 #include "engine/engine.h"
 #include "test/common/fault_ops.h"
@@ -1810,6 +1811,119 @@ static int sc_malformed_sequence(struct mp *mp)
 	return malformed(mp, 3);
 }
 
+/*
+ * tfab_mr_invalidate, on both sides: three steps of one key from and into one buffer each.
+ * The first registers the buffer (a miss), the second finds it registered (a hit); then the
+ * buffer is invalidated and its pages replaced by fresh ones at the same address, as memory
+ * freed and mapped again, and the third registers again (a miss) and moves the right data.
+ */
+static int sc_mr_invalidate(struct mp *mp)
+{
+	enum { N = 4096 }; /* four pages */
+	const size_t len = N * sizeof(float);
+	int64_t shape[1] = {N};
+	float *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	DLTensor t = {.data = buf, .device = {kDLCPU, 0}, .ndim = 1, .dtype = f32, .shape = shape};
+	struct tensor ref = {.nbytes = len};
+
+	CHECK(buf != MAP_FAILED);
+	for (int step = 1; step <= 3; step++) {
+		struct tfab_stats st0, st;
+
+		if (step == 3) {
+			CHECK_RC(tfab_mr_invalidate(mp->ctx, buf, len), 0);
+			CHECK(mmap(buf, len, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == buf);
+		}
+		CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+		if (mp->rank == 1) {
+			struct done d = {0};
+
+			ref.buf = (uint8_t *)buf;
+			tensor_fill(&ref, 900 + (uint64_t)step);
+			CHECK_RC(tfab_send(mp->ctx, "inv", step, &t, false, on_sent, &d), 0);
+			CHECK(wait_n(mp, &d, 1));
+			CHECK(d.errors == 0);
+		} else {
+			memset(buf, 0, len);
+			CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "inv", step, &t, WAIT_MS,
+						NULL, NULL),
+				 0);
+			CHECK(bytes_match(buf, len, 900 + (uint64_t)step));
+		}
+		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+		if (st.mr_misses - st0.mr_misses != (step == 2 ? 0 : 1) ||
+		    st.mr_hits - st0.mr_hits != (step == 2 ? 1 : 0))
+			fprintf(stderr, "rank %d: step %d: %llu registration misses, %llu hits\n",
+				mp->rank, step, (unsigned long long)(st.mr_misses - st0.mr_misses),
+				(unsigned long long)(st.mr_hits - st0.mr_hits));
+		CHECK(st.mr_misses - st0.mr_misses == (step == 2 ? 0 : 1));
+		CHECK(st.mr_hits - st0.mr_hits == (step == 2 ? 1 : 0));
+	}
+	munmap(buf, len);
+	return 0;
+}
+
+/*
+ * The longest key (TFAB_MAX_KEY_LEN bytes, every byte value but 0) with the most dimensions
+ * (32): the largest control message there is (doc/protocol.md), into a pool tensor (a request,
+ * meta-data, the request again with the meta-data) and into a caller's buffer (one request
+ * with it). A second key that differs only in its last byte is a key of its own. A key one
+ * byte longer is refused (bad_input).
+ */
+static int sc_key_max(struct mp *mp)
+{
+	char key[2][TFAB_MAX_KEY_LEN + 1];
+	int64_t shape[32];
+	float data[2][24], got[24];
+	DLTensor t[2], dest;
+
+	for (int i = 0; i < TFAB_MAX_KEY_LEN; i++)
+		key[0][i] = key[1][i] = (char)(1 + i % 255);
+	key[0][TFAB_MAX_KEY_LEN] = key[1][TFAB_MAX_KEY_LEN] = '\0';
+	key[1][TFAB_MAX_KEY_LEN - 1] = '~';
+	CHECK(strlen(key[0]) == TFAB_MAX_KEY_LEN && strcmp(key[0], key[1]) != 0);
+	for (int i = 0; i < 32; i++)
+		shape[i] = i < 3 ? 2 + i : 1; /* 2 x 3 x 4 x 1 x ... */
+	for (int k = 0; k < 2; k++) {
+		for (int i = 0; i < 24; i++)
+			data[k][i] = (float)(k * 100 + i);
+		t[k] = (DLTensor){.data = data[k],
+				  .device = {kDLCPU, 0},
+				  .ndim = 32,
+				  .dtype = f32,
+				  .shape = shape};
+	}
+	dest = t[0];
+	dest.data = got;
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		for (int step = 1; step <= 2; step++)
+			for (int k = 0; k < 2; k++)
+				CHECK_RC(
+				    tfab_send(mp->ctx, key[k], step, &t[k], false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 4));
+		CHECK(d.errors == 0);
+		return 0;
+	}
+	for (int k = 0; k < 2; k++) {
+		DLManagedTensor *m = NULL;
+
+		CHECK_RC(recv_one(mp, 1, key[k], 1, &m, NULL), 0);
+		CHECK(m->dl_tensor.ndim == 32);
+		CHECK(memcmp(m->dl_tensor.shape, shape, sizeof(shape)) == 0);
+		CHECK(memcmp(m->dl_tensor.data, data[k], sizeof(data[k])) == 0);
+		m->deleter(m);
+		memset(got, 0, sizeof(got));
+		CHECK_RC(
+		    tfab_recv_sync(mp->ctx, mp->peers[1], key[k], 2, &dest, WAIT_MS, NULL, NULL),
+		    0);
+		CHECK(memcmp(got, data[k], sizeof(got)) == 0);
+	}
+	return 0;
+}
+
 static const struct mp_scenario scenarios[] = {
     {.name = "send_then_recv", .nranks = 2, .fn = sc_send_then_recv},
     {.name = "recv_then_send", .nranks = 2, .fn = sc_recv_then_send},
@@ -1848,6 +1962,8 @@ static const struct mp_scenario scenarios[] = {
     {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},
     {.name = "malformed_truncated", .nranks = 3, .fn = sc_malformed_truncated, .no_barrier = true},
     {.name = "malformed_sequence", .nranks = 3, .fn = sc_malformed_sequence, .no_barrier = true},
+    {.name = "mr_invalidate", .nranks = 2, .fn = sc_mr_invalidate},
+    {.name = "key_max", .nranks = 2, .fn = sc_key_max},
 };
 
 int main(int argc, char **argv)
