@@ -1924,6 +1924,66 @@ static int sc_key_max(struct mp *mp)
 	return 0;
 }
 
+/*
+ * Shape changes at one byte count: steps of one key as float32 [2,8], [2,8], [4,4], [16],
+ * [16], then int32 [16] and [16,1], then float32 [2,8] again, all 64 bytes, received into pool
+ * tensors. Each step's tensor has the sender's shape and dtype, never the cached one: every
+ * change is a meta-data reply and a re-request (besides the first step's), and an equal step
+ * goes straight.
+ */
+static int sc_shape_change(struct mp *mp)
+{
+	enum { STEPS = 8 };
+	static const int ndims[STEPS] = {2, 2, 2, 1, 1, 1, 2, 2};
+	static const int64_t shapes[STEPS][2] = {{2, 8}, {2, 8}, {4, 4},  {16},
+						 {16},	 {16},	 {16, 1}, {2, 8}};
+	const DLDataType i32 = {kDLInt, 32, 1};
+	struct tensor t[STEPS];
+	struct tfab_stats st0, st;
+
+	for (int i = 0; i < STEPS; i++) {
+		tensor_make(&t[i], i == 5 || i == 6 ? i32 : f32, ndims[i], shapes[i]);
+		tensor_fill(&t[i], 300 + (uint64_t)i);
+	}
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		for (int i = 0; i < STEPS; i++)
+			CHECK_RC(
+			    tfab_send(mp->ctx, "reshaped", i + 1, &t[i].dl, false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, STEPS));
+		CHECK(d.errors == 0);
+	} else {
+		for (int i = 0; i < STEPS; i++) {
+			DLManagedTensor *m = NULL;
+			DLTensor *r;
+
+			CHECK_RC(recv_one(mp, 1, "reshaped", i + 1, &m, NULL), 0);
+			r = &m->dl_tensor;
+			if (r->ndim != ndims[i] || r->shape[0] != shapes[i][0] ||
+			    (ndims[i] == 2 && r->shape[1] != shapes[i][1]))
+				fprintf(stderr,
+					"rank 0: step %d: shape [%lld%s], wanted [%lld,%lld]\n",
+					i + 1, (long long)r->shape[0], r->ndim == 2 ? ",.." : "",
+					(long long)shapes[i][0], (long long)shapes[i][1]);
+			CHECK(r->ndim == ndims[i]);
+			CHECK(memcmp(r->shape, shapes[i], sizeof(int64_t) * (size_t)ndims[i]) == 0);
+			CHECK(r->dtype.code == t[i].dl.dtype.code);
+			CHECK(bytes_match(r->data, 64, 300 + (uint64_t)i));
+			m->deleter(m);
+		}
+		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+		/* step 1 learns; 3, 4, 6, 7 and 8 change */
+		CHECK(st.rerequests - st0.rerequests == 6);
+		CHECK(st.meta_misses - st0.meta_misses == 1);
+		CHECK(st.meta_hits - st0.meta_hits == STEPS - 1);
+	}
+	for (int i = 0; i < STEPS; i++)
+		tensor_free(&t[i]);
+	return 0;
+}
+
 static const struct mp_scenario scenarios[] = {
     {.name = "send_then_recv", .nranks = 2, .fn = sc_send_then_recv},
     {.name = "recv_then_send", .nranks = 2, .fn = sc_recv_then_send},
@@ -1964,6 +2024,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "malformed_sequence", .nranks = 3, .fn = sc_malformed_sequence, .no_barrier = true},
     {.name = "mr_invalidate", .nranks = 2, .fn = sc_mr_invalidate},
     {.name = "key_max", .nranks = 2, .fn = sc_key_max},
+    {.name = "shape_change", .nranks = 2, .fn = sc_shape_change},
 };
 
 int main(int argc, char **argv)
