@@ -87,6 +87,58 @@ static bool strings_match(const struct tfab_string_tensor *got, int ndim, const 
 	return true;
 }
 
+/* Bytes of v as a protobuf varint. */
+static size_t varint_len(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+/*
+ * The size of the TensorProto that t serializes to, worked out here from the message's fields
+ * (tensorflow/core/framework/tensor.proto), not asked of the library: dtype (field 1,
+ * DT_STRING), tensor_shape (field 2) with a dim (field 2) per dimension holding its size
+ * (field 1), and a string_val (field 8) per element. A dead or empty tensor is not serialized.
+ */
+static size_t proto_size(const struct tfab_string_tensor *t, bool dead)
+{
+	int64_t count = tfab_string_tensor_count(t);
+	size_t shape = 0, n = 2; /* dtype: a tag and 7 */
+
+	if (dead || count <= 0)
+		return 0;
+	for (int i = 0; i < t->ndim; i++) {
+		size_t dim = 1 + varint_len((uint64_t)t->shape[i]); /* sizes are nonzero here */
+
+		shape += 1 + varint_len(dim) + dim;
+	}
+	n += 1 + varint_len(shape) + shape;
+	for (int64_t i = 0; i < count; i++)
+		n += 1 + varint_len(t->strings[i].len) + t->strings[i].len;
+	return n;
+}
+
+/*
+ * Strings are the path that copies: the sender counts what it serialized, the receiver what
+ * it parsed, each exactly the TensorProto's size.
+ */
+static int check_copied(struct mp *mp, const struct tfab_stats *st0, size_t want)
+{
+	struct tfab_stats st;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+	if (st.bytes_copied - st0->bytes_copied != want)
+		fprintf(stderr, "rank %d: %llu bytes copied, the TensorProtos have %zu\n", mp->rank,
+			(unsigned long long)(st.bytes_copied - st0->bytes_copied), want);
+	CHECK(st.bytes_copied - st0->bytes_copied == want);
+	return 0;
+}
+
 struct sent {
 	volatile int n, all, errors;
 	int want;
@@ -145,6 +197,10 @@ static const struct step_case cases[] = {
  * receives before the sends. */
 static int steps(struct mp *mp, bool recv_first, int64_t base)
 {
+	struct tfab_stats st0;
+	size_t copied = 0;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	if (mp->rank == 1) {
 		struct sent d = {.want = NCASES};
 
@@ -158,13 +214,14 @@ static int steps(struct mp *mp, bool recv_first, int64_t base)
 			CHECK_RC(tfab_send_strings(mp->ctx, "words", base + i, &s.t, cases[i].dead,
 						   on_sent, &d),
 				 0);
+			copied += proto_size(&s.t, cases[i].dead);
 			strings_free(&s);
 		}
 		if (!recv_first)
 			CHECK(mp_barrier(mp, base) == 0);
 		CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
 		CHECK(d.errors == 0);
-		return 0;
+		return check_copied(mp, &st0, copied);
 	}
 	struct got g[NCASES];
 
@@ -187,21 +244,15 @@ static int steps(struct mp *mp, bool recv_first, int64_t base)
 		}
 		CHECK(strings_match(g[i].t, cases[i].ndim, cases[i].shape, (uint64_t)(base + i),
 				    cases[i].max_len));
+		copied += proto_size(g[i].t, false);
 		tfab_string_tensor_free(g[i].t);
 	}
-	return 0;
+	return check_copied(mp, &st0, copied);
 }
 
 static int sc_strings_send_first(struct mp *mp)
 {
-	struct tfab_stats st0, st;
-
-	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
-	CHECK(steps(mp, false, 1) == 0);
-	CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
-	/* Strings are the path that copies: serialization here, parsing there. */
-	CHECK(st.bytes_copied > st0.bytes_copied);
-	return 0;
+	return steps(mp, false, 1);
 }
 
 static int sc_strings_recv_first(struct mp *mp)
@@ -218,6 +269,7 @@ static int sc_strings_resize(struct mp *mp)
 	static const size_t lens[5] = {10, 10, 500, 500, 3};
 	static const int64_t shape[1] = {1};
 	struct tfab_stats st0, st;
+	size_t copied = 0;
 
 	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	for (int i = 0; i < 5; i++) {
@@ -226,6 +278,7 @@ static int sc_strings_resize(struct mp *mp)
 		struct tfab_string_tensor t = {1, shape, &one};
 
 		memset(b, 'a' + i, lens[i]);
+		copied += proto_size(&t, false);
 		if (mp->rank == 1) {
 			struct sent d = {.want = 1};
 
@@ -251,7 +304,7 @@ static int sc_strings_resize(struct mp *mp)
 		CHECK(st.rerequests - st0.rerequests == 3);
 		CHECK(st.meta_misses - st0.meta_misses == 1);
 	}
-	return 0;
+	return check_copied(mp, &st0, copied);
 }
 
 /* A single 64 MiB string of every byte value. */
@@ -260,13 +313,15 @@ static int sc_strings_big(struct mp *mp)
 	const size_t len = 64u << 20;
 	static const int64_t shape[1] = {1};
 	char *b = malloc(len);
+	struct tfab_string one = {b, len};
+	struct tfab_string_tensor t = {1, shape, &one};
+	struct tfab_stats st0;
 
 	CHECK(b != NULL);
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	for (size_t k = 0; k < len; k++)
 		b[k] = (char)(uint8_t)(k * 7 + (k >> 20));
 	if (mp->rank == 1) {
-		struct tfab_string one = {b, len};
-		struct tfab_string_tensor t = {1, shape, &one};
 		struct sent d = {.want = 1};
 
 		CHECK_RC(tfab_send_strings(mp->ctx, "big", 1, &t, false, on_sent, &d), 0);
@@ -283,7 +338,7 @@ static int sc_strings_big(struct mp *mp)
 		tfab_string_tensor_free(got);
 	}
 	free(b);
-	return 0;
+	return check_copied(mp, &st0, proto_size(&t, false));
 }
 
 /*
@@ -301,7 +356,9 @@ static int sc_strings_kind(struct mp *mp)
 			.shape = (int64_t *)shape};
 	struct tfab_string words[4] = {{"w", 1}, {"x", 1}, {"", 0}, {"zz", 2}};
 	struct tfab_string_tensor st = {1, shape, words};
+	struct tfab_stats st0;
 
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	if (mp->rank == 1) {
 		struct sent d = {.want = 2};
 
@@ -309,7 +366,7 @@ static int sc_strings_kind(struct mp *mp)
 		CHECK_RC(tfab_send_strings(mp->ctx, "text", 1, &st, false, on_sent, &d), 0);
 		CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
 		CHECK(d.errors == 0);
-		return 0;
+		return check_copied(mp, &st0, proto_size(&st, false));
 	}
 	struct tfab_string_tensor *got = NULL;
 	DLManagedTensor *m = NULL;
@@ -329,7 +386,8 @@ static int sc_strings_kind(struct mp *mp)
 		      (!words[i].len ||
 		       memcmp(got->strings[i].data, words[i].data, words[i].len) == 0));
 	tfab_string_tensor_free(got);
-	return 0;
+	/* Parsed once: the receive of the wrong kind copied nothing. */
+	return check_copied(mp, &st0, proto_size(&st, false));
 }
 
 /* Bad string tensors are refused at the call, and nothing is sent. */
@@ -340,8 +398,9 @@ static int sc_strings_bad(struct mp *mp)
 	struct tfab_string_tensor t_neg = {1, neg, NULL}, t_nul = {1, two, &nul},
 				  t_none = {1, two, NULL}, t_dims = {33, two, NULL};
 	struct sent d = {0};
+	struct tfab_stats st0;
 
-	(void)mp;
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_neg, false, on_sent, &d), -EINVAL);
 	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_nul, false, on_sent, &d), -EINVAL);
 	CHECK_RC(tfab_send_strings(mp->ctx, "bad", 1, &t_none, false, on_sent, &d), -EINVAL);
@@ -350,7 +409,7 @@ static int sc_strings_bad(struct mp *mp)
 	CHECK_RC(tfab_recv_strings(mp->ctx, mp->peers[mp->rank ? 0 : 1], "bad", 1, NULL, NULL),
 		 -EINVAL);
 	CHECK(d.n == 0);
-	return 0;
+	return check_copied(mp, &st0, 0);
 }
 
 enum { THREAD_SENDS = 2000 };
@@ -419,8 +478,19 @@ static void thread_got(void *arg, int status, struct tfab_string_tensor *t, bool
  */
 static int sc_strings_threads(struct mp *mp)
 {
+	static const int64_t shape[1] = {1};
+	struct tfab_stats st0;
+	size_t copied = 0;
 	char key[32];
 
+	/* What both sides copy: strings_sender's tensors, 'a' + id repeated. */
+	for (int i = 0; i < THREAD_SENDS; i++) {
+		struct tfab_string one = {NULL, (size_t)(i * 19) % 40000}; /* lengths alone count */
+		struct tfab_string_tensor t = {1, shape, &one};
+
+		copied += 2 * proto_size(&t, false);
+	}
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	if (mp->rank == 0) {
 		struct recv_count c = {0};
 
@@ -434,7 +504,7 @@ static int sc_strings_threads(struct mp *mp)
 		}
 		CHECK(mp_wait_count(mp, &c.n, 2 * THREAD_SENDS, WAIT_MS));
 		CHECK(c.bad == 0);
-		return 0;
+		return check_copied(mp, &st0, copied);
 	}
 	struct strings_thread a[2] = {{.mp = mp, .id = 0}, {.mp = mp, .id = 1}};
 	pthread_t th[2];
@@ -462,7 +532,7 @@ static int sc_strings_threads(struct mp *mp)
 				a[i].errors, tfab_strerror(a[i].status));
 		CHECK(!a[i].failed && a[i].errors == 0);
 	}
-	return 0;
+	return check_copied(mp, &st0, copied);
 }
 
 static const struct mp_scenario scenarios[] = {
