@@ -186,7 +186,8 @@ int mp_barrier(struct mp *mp, int64_t tag)
 	/*
 	 * On the heap: a barrier that gives up (a peer never came) leaves its operations
 	 * pending, and their callbacks run later (at the latest when the peers are destroyed).
-	 * The state is then left to them rather than freed.
+	 * The state is then left to them rather than freed. Each send is for its peer alone, so
+	 * that a peer that fails (it left after failing a check) ends the barrier at once.
 	 */
 	struct barrier_state *b = calloc(1, sizeof(*b));
 	int want = mp->nranks - 1, posted = 0, rc = 0, n;
@@ -200,7 +201,7 @@ int mp_barrier(struct mp *mp, int64_t tag)
 		if (r == mp->rank)
 			continue;
 		snprintf(key, sizeof(key), "mp/barrier/%d/%d", mp->rank, r);
-		rc = tfab_send(mp->ctx, key, tag, &t, false, barrier_sent, b);
+		rc = tfab_send_to(mp->ctx, mp->peers[r], key, tag, &t, false, barrier_sent, b);
 		if (rc)
 			break;
 		posted++;
@@ -211,6 +212,8 @@ int mp_barrier(struct mp *mp, int64_t tag)
 	}
 	if (rc) {
 		/* A peer gone, say: the barrier fails now, whatever the others do. */
+		if (posted == 0)
+			free(b);
 		fprintf(stderr, "rank %d: barrier %lld: %s\n", mp->rank, (long long)tag,
 			tfab_strerror(rc));
 		return 1;
