@@ -15,7 +15,8 @@
 
 #include "mp.h"
 
-#define WAIT_MS 60000
+/* A bound on waits for one event: the stall bound (mp.h). */
+#define WAIT_MS mp_stall_ms()
 #define THREADS 4
 
 static int env_int(const char *name, int dflt)
