@@ -2,8 +2,9 @@
  * Engine scenarios between processes: receives before and after sends, library and caller
  * destinations, meta-data changes (the re-request path), dead and empty tensors, every DLPack
  * dtype byte for byte, many keys and steps, several threads, all-to-all among four processes,
- * step cleanup, abort, peers that leave, and bad input. Each scenario runs in every rank (see
- * mp.c).
+ * step cleanup, abort, peers that leave, and bad input; registration invalidation, the longest
+ * key, shape changes at one byte count, and writes the fabric refuses (-EAGAIN or an error,
+ * through test/common/fault_ops). Each scenario runs in every rank (see mp.c).
  */
 #include <errno.h>
 #include <pthread.h>
