@@ -406,12 +406,13 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		goto out;
 	}
 	if (p->client)
-	if (p->client && !o->json) {
-		printf("tfab-perf tensor: %s %s on %s\n", tfab_context_backend(s.ctx),
-		       tfab_context_fabric(s.ctx), tfab_context_domain(s.ctx));
-		printf("%12s %9s %7s %10s %10s %10s   %-18s %s\n", "bytes", "iters", "window",
-		       "GB/s", "Gb/s", "lat_us", "copies/meta_misses", "verified");
-	}
+		if (p->client && !o->json) {
+			printf("tfab-perf tensor: %s %s on %s\n", tfab_context_backend(s.ctx),
+			       tfab_context_fabric(s.ctx), tfab_context_domain(s.ctx));
+			printf("%12s %9s %7s %10s %10s %10s   %-18s %s\n", "bytes", "iters",
+			       "window", "GB/s", "Gb/s", "lat_us", "copies/meta_misses",
+			       "verified");
+		}
 	for (unsigned w = 0; w < 2 && rc == 0; w++)
 		rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);
 	/* GPU memory is filled and checked through the host. */
