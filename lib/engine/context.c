@@ -364,6 +364,7 @@ int tfab_abort(struct tfab_context *ctx, int status)
 int tfab_context_destroy(struct tfab_context *ctx)
 {
 	uint64_t deadline, out;
+	unsigned n;
 
 	if (!ctx)
 		return 0;
@@ -401,15 +402,23 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			break;
 		tfab__progress_locked(ctx);
 	}
+	/* Callbacks the drain made due run now, so that every failed send is an orphan. */
+	tfab__ctx_unlock(ctx);
+	tfab__ctx_lock(ctx);
 	while (!tfab__list_empty(&ctx->peers))
 		tfab__peer_free(tfab_container_of(ctx->peers.next, struct tfab_peer, link));
+	/*
+	 * Writes still in flight now can only be to dead peers (a fabric such as libfabric's shm
+	 * never completes a write its target died before reading): their sends let go, so that
+	 * the registrations and the endpoint close, and closing the endpoint ends the writes.
+	 */
+	n = tfab__sends_abandon(ctx);
 	tfab__ctx_unlock(ctx);
+	if (n)
+		TFAB_WARN(SUBSYS, "%u writes to gone peers still in flight at destroy: abandoned",
+			  n);
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
-	/* Writes still in flight now can only be to dead peers; closing the endpoint ends them. */
-	if (ctx->orphans)
-		TFAB_WARN(SUBSYS, "%llu writes still in flight at destroy",
-			  (unsigned long long)ctx->orphans);
 	tfab__pool_trim(ctx->pool);
 	if (tfab__pool_destroy(ctx->pool) || tfab__mr_cache_destroy(ctx->mr_cache))
 		TFAB_WARN(SUBSYS, "registrations still in use at destroy");

@@ -307,6 +307,12 @@ void tfab__send_on_cancel(struct tfab_peer *peer, uint32_t req_index);
 void tfab__send_on_taken(struct tfab_peer *peer, uint32_t req_index);
 void tfab__send_on_write_done(struct tfab_send *s, int status);
 void tfab__sends_retry(struct tfab_context *ctx);
+/*
+ * At destroy, once writes to live peers have drained: the sends whose writes are still in
+ * flight (to dead peers) let go of their registrations and are freed; closing the endpoint
+ * ends the writes. Returns how many.
+ */
+unsigned tfab__sends_abandon(struct tfab_context *ctx);
 /* Write the chunks of GPU sends whose copies to host memory finished. */
 void tfab__sends_stage(struct tfab_context *ctx);
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);

@@ -634,6 +634,28 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 	writes_settled(ctx, s);
 }
 
+unsigned tfab__sends_abandon(struct tfab_context *ctx)
+{
+	unsigned n = 0;
+
+	while (!tfab__list_empty(&ctx->sends_live)) {
+		struct tfab_send *s =
+		    tfab_container_of(ctx->sends_live.next, struct tfab_send, live_link);
+
+		/* Only failed sends whose callbacks have run are left (tfab_context_destroy). */
+		send_settle(ctx, s);
+		if (s->mr && !s->data_pool && !s->gpu)
+			tfab__mr_cache_put(ctx->mr_cache, s->mr);
+		s->mr = NULL;
+		if (s->orphan) {
+			ctx->orphans--;
+			tfab__send_free(ctx, s);
+		}
+		n++;
+	}
+	return n;
+}
+
 void tfab__sends_retry(struct tfab_context *ctx)
 {
 	while (!tfab__list_empty(&ctx->writes_pending)) {

@@ -11,22 +11,25 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-static inline void remove_shm_of(pid_t pid)
+/* Removes the process's regions; returns how many there were. */
+static inline int remove_shm_of(pid_t pid)
 {
 	char prefix[32], path[300];
 	struct dirent *e;
 	DIR *d = opendir("/dev/shm");
+	int n = 0;
 
 	if (!d)
-		return;
+		return 0;
 	snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
 	while ((e = readdir(d)) != NULL) {
 		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
 			snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-			unlink(path);
+			n += unlink(path) == 0;
 		}
 	}
 	closedir(d);
+	return n;
 }
 
 #endif

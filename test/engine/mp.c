@@ -621,7 +621,15 @@ static void run_scenario(void **state)
 		else if (!WIFEXITED(status) || WEXITSTATUS(status)) {
 			fprintf(stderr, "rank %d failed (status %#x)\n", r, status);
 			failed = 1;
+		} else if (remove_shm_of(watch.pids[r])) {
+			fprintf(stderr, "rank %d left a shared-memory region in /dev/shm\n", r);
+			failed = 1;
 		}
+	}
+	/* Every context of rank 0's is destroyed by now: an endpoint left open shows here. */
+	if (remove_shm_of(getpid())) {
+		fprintf(stderr, "rank 0 left a shared-memory region in /dev/shm\n");
+		failed = 1;
 	}
 	remove_scratch();
 	assert_int_equal(rc, 0);
