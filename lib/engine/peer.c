@@ -481,15 +481,26 @@ int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index)
 	return 0;
 }
 
-/* The receives completed since the last flush, as TAKEN messages of up to 251 each. */
+/*
+ * Report the receives completed, as TAKEN messages of up to 251 each, written straight into
+ * free slots: while messages wait for credit the indexes wait in peer->taken rather than as
+ * many small queued messages (a busy peer gets a few full ones), until a full message's worth
+ * has come, which queues behind them (so that receives posted without end starve no verdict).
+ */
 static void peer_send_taken(struct tfab_peer *peer)
 {
+	size_t r = slots_of(peer->ctx);
 	uint32_t done = 0;
 
 	while (done < peer->ntaken && !peer->failed) {
 		uint32_t n = peer->ntaken - done;
 		struct tfab_wire_msg m = {.type = TFAB_MSG_TAKEN};
+		bool slot_free = tfab__list_empty(&peer->pending) &&
+				 peer->tx_seq - peer->tx_acked < peer->remote_slots &&
+				 !peer->oslots[peer->tx_seq % r].busy;
 
+		if (!slot_free && n < TFAB_WIRE_MAX_TAKEN)
+			break;
 		if (n > TFAB_WIRE_MAX_TAKEN)
 			n = TFAB_WIRE_MAX_TAKEN;
 		m.req_index = peer->taken[done];
@@ -499,7 +510,10 @@ static void peer_send_taken(struct tfab_peer *peer)
 			break; /* the peer failed, and with it what waited for this */
 		done += n;
 	}
-	peer->ntaken = 0;
+	if (peer->failed)
+		done = peer->ntaken;
+	memmove(peer->taken, peer->taken + done, (peer->ntaken - done) * sizeof(*peer->taken));
+	peer->ntaken -= done;
 }
 
 /* Credits back for what we consumed, as a zero-length write carrying the count. */
@@ -543,9 +557,9 @@ void tfab__peers_flush(struct tfab_context *ctx)
 	{
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
 
+		peer_flush(peer);
 		if (peer->ntaken && peer->connected)
 			peer_send_taken(peer);
-		peer_flush(peer);
 		peer_return_credits(peer);
 	}
 }

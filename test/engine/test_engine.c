@@ -361,11 +361,13 @@ static int sc_many_keys(struct mp *mp)
 	DLTensor *t = calloc((size_t)nkeys, sizeof(*t));
 	float *data = calloc((size_t)nkeys, 16 * sizeof(float));
 	struct done d = {0};
+	struct tfab_stats st0, st;
 	long rss100 = 0, rss_end;
 	uint64_t t0 = 0;
 	char key[32];
 
 	CHECK(t && data);
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	for (int k = 0; k < nkeys; k++) {
 		t[k] = (DLTensor){.data = data + 16 * k,
 				  .device = {kDLCPU, 0},
@@ -403,11 +405,13 @@ static int sc_many_keys(struct mp *mp)
 			rss100 = rss_kib();
 	}
 	rss_end = rss_kib();
+	CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
 	if (mp->rank == 0)
 		printf(
 		    "many_keys: %d keys x %d steps in %llu s after the first; rss %ld KiB at step "
-		    "100, %ld KiB at the end\n",
-		    nkeys, steps, (unsigned long long)((uint64_t)time(NULL) - t0), rss100, rss_end);
+		    "100, %ld KiB at the end; %.2f control messages per receive\n",
+		    nkeys, steps, (unsigned long long)((uint64_t)time(NULL) - t0), rss100, rss_end,
+		    (double)(st.ctrl_messages - st0.ctrl_messages) / ((double)nkeys * steps));
 	if (rss100)
 		CHECK(rss_end <= rss100 + rss100 / 10);
 	if (d.tensor)
