@@ -21,8 +21,21 @@
 #include <stdint.h>
 
 struct tfab_config;
-struct tfab_ep;	  /* an open endpoint: domain, queues, address */
-struct tfab_conn; /* a connection to a remote endpoint */
+struct tfab_provider_ops;
+
+/*
+ * The base of every backend object, its first member (as libfabric's fid and UCX's
+ * uct_base_ep): each object carries its backend, so one process holds endpoints of several
+ * backends at once and the wrappers below dispatch without being told which. A backend
+ * defines its own struct beginning with the base and converts with tfab_container_of.
+ */
+struct tfab_ep { /* an open endpoint: domain, queues, address */
+	const struct tfab_provider_ops *ops;
+};
+
+struct tfab_conn { /* a connection to a remote endpoint */
+	struct tfab_ep *ep;
+};
 
 /* How a remote address that the target advertises is formed. */
 enum tfab_mr_addr_mode {
@@ -46,8 +59,9 @@ struct tfab_caps {
 	bool mr_local;	       /* local buffers must be registered (always done anyway) */
 };
 
-/* A registered memory region. */
+/* A registered memory region, on one endpoint. */
 struct tfab_mr {
+	struct tfab_ep *ep;
 	void *addr; /* start of the region in this process */
 	size_t len;
 	uint64_t rkey;	/* remote key to advertise */
@@ -140,12 +154,72 @@ struct tfab_provider_ops {
 	int (*poll)(struct tfab_ep *ep, struct tfab_event *ev, int max);
 
 	/*
+	 * Optional (NULL where a backend has none): memory that this endpoint's peers can write
+	 * with one copy (shm: a shared segment they map). The engine's pool takes its blocks
+	 * from here when a peer is on such a path; they can still be registered anywhere.
+	 */
+	int (*mem_alloc)(struct tfab_ep *ep, size_t len, void **addr_p);
+	void (*mem_free)(struct tfab_ep *ep, void *addr, size_t len);
+
+	/*
 	 * Why probe finds nothing usable, in words, for messages ("no RDMA device: this kernel
 	 * has no RDMA support"); an empty string when there is nothing to add. Opens nothing
 	 * that stays open.
 	 */
 	void (*explain)(const struct tfab_config *cfg, char *buf, size_t len);
 };
+
+/* Each object's operations, through its backend. */
+static inline int tfab_ep_close(struct tfab_ep *ep)
+{
+	return ep ? ep->ops->close(ep) : 0;
+}
+
+static inline const struct tfab_caps *tfab_ep_caps(const struct tfab_ep *ep)
+{
+	return ep->ops->caps(ep);
+}
+
+static inline int tfab_ep_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
+{
+	return ep->ops->get_addr(ep, buf, len_p);
+}
+
+static inline int tfab_ep_connect(struct tfab_ep *ep, const void *addr, size_t len,
+				  struct tfab_conn **conn_p)
+{
+	return ep->ops->connect(ep, addr, len, conn_p);
+}
+
+static inline int tfab_conn_disconnect(struct tfab_conn *conn)
+{
+	return conn ? conn->ep->ops->disconnect(conn) : 0;
+}
+
+static inline int tfab_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
+			      struct tfab_mr **mr_p)
+{
+	return ep->ops->mr_reg(ep, addr, len, access, mr_p);
+}
+
+static inline int tfab_mr_dereg(struct tfab_mr *mr)
+{
+	return mr ? mr->ep->ops->mr_dereg(mr) : 0;
+}
+
+/* A write on conn's endpoint (see write_imm). */
+static inline int tfab_conn_write_imm(struct tfab_conn *conn, const void *lbuf, size_t len,
+				      struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
+				      uint32_t imm, unsigned flags, void *ctx)
+{
+	return conn->ep->ops->write_imm(conn->ep, conn, lbuf, len, lmr, raddr, rkey, imm, flags,
+					ctx);
+}
+
+static inline int tfab_ep_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
+{
+	return ep->ops->poll(ep, ev, max);
+}
 
 /* Stubs for operations a backend lacks: each returns -EOPNOTSUPP. */
 int tfab__no_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb, void *arg);

@@ -174,7 +174,7 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	int total = 0;
 
 	for (int round = 0; round < POLL_ROUNDS; round++) {
-		int n = ctx->ops->poll(ctx->ep, ev, POLL_EVENTS);
+		int n = tfab_ep_poll(ctx->ep, ev, POLL_EVENTS);
 
 		if (n < 0)
 			return n;
@@ -262,7 +262,7 @@ int tfab_context_create(struct tfab_context **ctx_p)
 		ctx->ops = NULL;
 		goto err;
 	}
-	ctx->caps = ctx->ops->caps(ctx->ep);
+	ctx->caps = tfab_ep_caps(ctx->ep);
 	rc = tfab__mr_cache_create(ctx->ops, ctx->ep, ctx->cfg.mr_cache_entries, &ctx->mr_cache);
 	if (rc)
 		goto err;
@@ -293,7 +293,7 @@ err:
 	if (ctx->mr_cache)
 		tfab__mr_cache_destroy(ctx->mr_cache);
 	if (ctx->ops)
-		ctx->ops->close(ctx->ep);
+		tfab_ep_close(ctx->ep);
 	tfab__cuda_close(ctx->cuda);
 	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
@@ -422,7 +422,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	tfab__pool_trim(ctx->pool);
 	if (tfab__pool_destroy(ctx->pool) || tfab__mr_cache_destroy(ctx->mr_cache))
 		TFAB_WARN(SUBSYS, "registrations still in use at destroy");
-	ctx->ops->close(ctx->ep);
+	tfab_ep_close(ctx->ep);
 	tfab__cuda_close(ctx->cuda);
 	tfab__htable_fini(&ctx->sends);
 	tfab__htable_fini(&ctx->parked);

@@ -78,9 +78,9 @@ void tfab__peer_free(struct tfab_peer *peer)
 	tfab__htable_fini(&peer->answers); /* its entries belong to sends and parked requests */
 	free(peer->taken);
 	if (peer->conn)
-		ctx->ops->disconnect(peer->conn);
-	ctx->ops->mr_dereg(peer->inbox_mr);
-	ctx->ops->mr_dereg(peer->outbox_mr);
+		tfab_conn_disconnect(peer->conn);
+	tfab_mr_dereg(peer->inbox_mr);
+	tfab_mr_dereg(peer->outbox_mr);
 	free(peer->inbox);
 	free(peer->outbox);
 	free(peer->oslots);
@@ -124,12 +124,12 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 		peer->oslots[i].w.kind = TFAB_WCTX_CTRL;
 		peer->oslots[i].peer = peer;
 	}
-	rc = ctx->ops->mr_reg(ctx->ep, peer->inbox, r * SLOT_SIZE, TFAB_MR_REMOTE_WRITE,
-			      &peer->inbox_mr);
+	rc =
+	    tfab_mr_reg(ctx->ep, peer->inbox, r * SLOT_SIZE, TFAB_MR_REMOTE_WRITE, &peer->inbox_mr);
 	if (rc)
 		goto err;
-	rc = ctx->ops->mr_reg(ctx->ep, peer->outbox, r * SLOT_SIZE, TFAB_MR_LOCAL_WRITE,
-			      &peer->outbox_mr);
+	rc = tfab_mr_reg(ctx->ep, peer->outbox, r * SLOT_SIZE, TFAB_MR_LOCAL_WRITE,
+			 &peer->outbox_mr);
 	if (rc)
 		goto err;
 	ctx->stats.mr_registrations += 2;
@@ -156,7 +156,7 @@ static int peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p)
 	    .slot_size = SLOT_SIZE,
 	    .peer_id = peer->id,
 	};
-	int rc = ctx->ops->get_addr(ctx->ep, addr, &alen);
+	int rc = tfab_ep_get_addr(ctx->ep, addr, &alen);
 
 	if (rc)
 		return rc;
@@ -179,7 +179,7 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 			   rc == -TFAB_ERR_VERSION ? "of another protocol version" : "malformed");
 		return rc;
 	}
-	rc = ctx->ops->connect(ctx->ep, b.addr, b.addr_len, &peer->conn);
+	rc = tfab_ep_connect(ctx->ep, b.addr, b.addr_len, &peer->conn);
 	if (rc)
 		return rc;
 	peer->remote_raddr = b.ring_raddr;
@@ -423,7 +423,7 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len)
 	struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % slots_of(ctx)];
 	int rc;
 
-	rc = ctx->ops->write_imm(ctx->ep, peer->conn, src, len, peer->outbox_mr,
+	rc = tfab_conn_write_imm(peer->conn, src, len, peer->outbox_mr,
 				 peer->remote_raddr + (uint64_t)rslot * peer->remote_slot_size,
 				 peer->remote_rkey, tfab__imm_msg(peer->remote_id, rslot), 0,
 				 &os->w);
@@ -531,7 +531,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 	while (peer->rx_unreturned && peer->connected && !peer->failed) {
 		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
 		bool inject = ctx->caps->inject_size > 0;
-		int rc = ctx->ops->write_imm(ctx->ep, peer->conn, peer->outbox, 0, peer->outbox_mr,
+		int rc = tfab_conn_write_imm(peer->conn, peer->outbox, 0, peer->outbox_mr,
 					     peer->remote_raddr, peer->remote_rkey,
 					     tfab__imm_credit(peer->remote_id, n),
 					     inject ? TFAB_WRITE_INJECT : 0, &peer->credit_w);

@@ -255,14 +255,13 @@ static void send_reoffer(struct tfab_context *ctx, struct tfab_send *s)
 	}
 }
 
-static int post_content(struct tfab_context *ctx, struct tfab_send *s)
+static int post_content(struct tfab_send *s)
 {
 	struct tfab_peer *peer = s->resp.peer;
 	int rc;
 
-	rc =
-	    ctx->ops->write_imm(ctx->ep, peer->conn, s->data, s->meta.nbytes, s->mr,
-				s->resp.dest_raddr, s->resp.dest_rkey, s->resp.req_index, 0, &s->w);
+	rc = tfab_conn_write_imm(peer->conn, s->data, s->meta.nbytes, s->mr, s->resp.dest_raddr,
+				 s->resp.dest_rkey, s->resp.req_index, 0, &s->w);
 	if (rc == 0) {
 		s->in_flight = true;
 		peer->users++;
@@ -340,9 +339,9 @@ static int stage_post(struct tfab_context *ctx, struct tfab_send *s)
 		}
 		if (last && s->writes_out)
 			return 0;
-		rc = ctx->ops->write_imm(
-		    ctx->ep, peer->conn, (char *)s->proxy + off, len, s->mr,
-		    s->resp.dest_raddr + off, s->resp.dest_rkey,
+		rc = tfab_conn_write_imm(
+		    peer->conn, (char *)s->proxy + off, len, s->mr, s->resp.dest_raddr + off,
+		    s->resp.dest_rkey,
 		    last ? s->resp.req_index : tfab__imm_partial(peer->remote_id), 0, &s->w);
 		if (rc == -EAGAIN)
 			return 0;
@@ -405,7 +404,7 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 				 : tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes,
 						      TFAB_MR_LOCAL_WRITE, &s->mr);
 		if (rc == 0 && !s->gpu) {
-			rc = post_content(ctx, s);
+			rc = post_content(s);
 			if (rc == -EAGAIN) {
 				tfab__list_add_tail(&ctx->writes_pending, &s->link);
 				return;
@@ -661,7 +660,7 @@ void tfab__sends_retry(struct tfab_context *ctx)
 	while (!tfab__list_empty(&ctx->writes_pending)) {
 		struct tfab_send *s =
 		    tfab_container_of(ctx->writes_pending.next, struct tfab_send, link);
-		int rc = post_content(ctx, s);
+		int rc = post_content(s);
 
 		if (rc == -EAGAIN)
 			return;

@@ -23,6 +23,7 @@
 #include "providers/provider.h"
 #include "util/config.h"
 #include "util/freelist.h"
+#include "util/list.h"
 #include "util/log.h"
 
 #define SUBSYS "ofi"
@@ -48,10 +49,11 @@ struct tfab_ofi_op {
 	struct fi_context2 fictx;
 	enum tfab_ofi_op_kind kind;
 	void *ctx;
-	struct tfab_conn *conn; /* writes and injects: the connection it goes to */
+	struct tfab_ofi_conn *conn; /* writes and injects: the connection it goes to */
 };
 
-struct tfab_ep {
+struct tfab_ofi_ep {
+	struct tfab_ep base;
 	struct tfab_caps caps;
 	struct fi_info *info;
 	struct fid_fabric *fabric;
@@ -78,7 +80,7 @@ struct tfab_ep {
 	unsigned poll_batch;
 	struct fi_cq_data_entry *cqe;
 	int npeers, nmrs;
-	struct tfab_conn *zombies; /* disconnected with writes still in flight */
+	struct tfab_ofi_conn *zombies; /* disconnected with writes still in flight */
 	/*
 	 * shm only: disconnected peers whose addresses stay in the AV until the endpoint closes.
 	 * libfabric 1.17's shm unmaps a removed peer's region and forgets its name; a connection
@@ -89,14 +91,15 @@ struct tfab_ep {
 	 * peer. Purged only when the AV is full (shm takes 256 peers).
 	 */
 	bool keep_addrs;
-	struct tfab_conn *retired;
+	struct tfab_ofi_conn *retired;
 	size_t addrlen;
 	char addr[TFAB_OFI_MAX_ADDR];
 	char errmsg[256];
 };
 
-struct tfab_conn {
-	struct tfab_ep *ep;
+struct tfab_ofi_conn {
+	struct tfab_conn base;
+	struct tfab_ofi_ep *ep;
 	fi_addr_t fi_addr;
 	/*
 	 * shm only: the peer's process. libfabric 1.17's shm spins forever inside fi_writedata
@@ -111,11 +114,23 @@ struct tfab_conn {
 	 */
 	unsigned inflight;
 	bool closing;
-	struct tfab_conn *zombie_next; /* on ep->zombies or ep->retired */
+	struct tfab_ofi_conn *zombie_next; /* on ep->zombies or ep->retired */
 };
 
+extern const struct tfab_provider_ops tfab_ofi_ops;
+
+static inline struct tfab_ofi_ep *ofi_ep(const struct tfab_ep *base)
+{
+	return tfab_container_of(base, struct tfab_ofi_ep, base);
+}
+
+static inline struct tfab_ofi_conn *ofi_conn(struct tfab_conn *base)
+{
+	return tfab_container_of(base, struct tfab_ofi_conn, base);
+}
+
 /* The process of an shm address ("fi_shm://PID:..."), or 0. */
-static pid_t shm_pid(const struct tfab_ep *ep, const char *addr, size_t len)
+static pid_t shm_pid(const struct tfab_ofi_ep *ep, const char *addr, size_t len)
 {
 	static const char prefix[] = "fi_shm://";
 	long pid = 0;
@@ -133,7 +148,7 @@ static pid_t shm_pid(const struct tfab_ep *ep, const char *addr, size_t len)
  * death hangs. It costs one kill(pid, 0), about half a microsecond; caching the answer even
  * for 100 us let the conformance suite's writes right after a kill hang.
  */
-static bool conn_dead(struct tfab_conn *conn)
+static bool conn_dead(struct tfab_ofi_conn *conn)
 {
 	if (!conn->pid)
 		return false;
@@ -362,12 +377,12 @@ static int choose_info(const struct tfab_open_args *args, struct fi_info *infos,
 	return 0;
 }
 
-static struct tfab_ofi_op *op_get(struct tfab_ep *ep)
+static struct tfab_ofi_op *op_get(struct tfab_ofi_ep *ep)
 {
 	return tfab__freelist_get(&ep->ops);
 }
 
-static void op_put(struct tfab_ep *ep, struct tfab_ofi_op *op)
+static void op_put(struct tfab_ofi_ep *ep, struct tfab_ofi_op *op)
 {
 	tfab__freelist_put(&ep->ops, op);
 }
@@ -376,7 +391,7 @@ static void op_put(struct tfab_ep *ep, struct tfab_ofi_op *op)
  * In FI_RX_CQ_DATA mode a remote write's completion carries the context of the receive it
  * consumed; otherwise its op_context means nothing and must not be read.
  */
-static struct tfab_ofi_op *rx_op_of(const struct tfab_ep *ep, void *op_context)
+static struct tfab_ofi_op *rx_op_of(const struct tfab_ofi_ep *ep, void *op_context)
 {
 	struct tfab_ofi_op *op = op_context;
 
@@ -384,7 +399,7 @@ static struct tfab_ofi_op *rx_op_of(const struct tfab_ep *ep, void *op_context)
 }
 
 /* Keep every receive posted (FI_RX_CQ_DATA mode); -EAGAIN leaves the rest for the next poll. */
-static void rx_refill(struct tfab_ep *ep)
+static void rx_refill(struct tfab_ofi_ep *ep)
 {
 	while (ep->rx_posted < ep->rx_depth) {
 		struct tfab_ofi_op *op = op_get(ep);
@@ -406,14 +421,16 @@ static void rx_refill(struct tfab_ep *ep)
 	}
 }
 
-static void rx_done(struct tfab_ep *ep, struct tfab_ofi_op *op)
+static void rx_done(struct tfab_ofi_ep *ep, struct tfab_ofi_op *op)
 {
 	ep->rx_posted--;
 	op_put(ep, op);
 }
 
-static int tfab_ofi_close(struct tfab_ep *ep)
+static int tfab_ofi_close(struct tfab_ep *base)
 {
+	struct tfab_ofi_ep *ep = base ? ofi_ep(base) : NULL;
+
 	if (!ep)
 		return 0;
 	if (ep->npeers || ep->nmrs)
@@ -431,13 +448,13 @@ static int tfab_ofi_close(struct tfab_ep *ep)
 	if (ep->info)
 		fi_freeinfo(ep->info);
 	while (ep->zombies) {
-		struct tfab_conn *z = ep->zombies;
+		struct tfab_ofi_conn *z = ep->zombies;
 
 		ep->zombies = z->zombie_next;
 		free(z);
 	}
 	while (ep->retired) {
-		struct tfab_conn *r = ep->retired;
+		struct tfab_ofi_conn *r = ep->retired;
 
 		ep->retired = r->zombie_next;
 		free(r);
@@ -464,13 +481,14 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	struct fi_info *infos = NULL, *fi;
 	struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
 	struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
-	struct tfab_ep *ep;
+	struct tfab_ofi_ep *ep;
 	bool sockets;
 	int rc;
 
 	ep = calloc(1, sizeof(*ep));
 	if (!ep)
 		return -ENOMEM;
+	ep->base.ops = &tfab_ofi_ops;
 	ep->ops = TFAB_FREELIST_INIT(struct tfab_ofi_op, TFAB_OFI_OP_CHUNK);
 	rc = get_infos(args->fabric, &infos);
 	if (rc)
@@ -535,22 +553,26 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->caps.mr_local = (ep->mr_mode & FI_MR_LOCAL) != 0;
 	TFAB_INFO(SUBSYS, "opened %s on %s: mr=%s rx_cq_data=%d", ep->caps.fabric, ep->caps.domain,
 		  ep->caps.mr_addr == TFAB_MR_ADDR_VIRT ? "virt" : "offset", ep->rx_cq_data);
-	*ep_p = ep;
+	*ep_p = &ep->base;
 	return 0;
 err:
 	if (infos)
 		fi_freeinfo(infos);
-	tfab_ofi_close(ep);
+	tfab_ofi_close(&ep->base);
 	return rc;
 }
 
-static const struct tfab_caps *tfab_ofi_caps(const struct tfab_ep *ep)
+static const struct tfab_caps *tfab_ofi_caps(const struct tfab_ep *base)
 {
+	const struct tfab_ofi_ep *ep = ofi_ep(base);
+
 	return &ep->caps;
 }
 
-static int tfab_ofi_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
+static int tfab_ofi_get_addr(struct tfab_ep *base, void *buf, size_t *len_p)
 {
+	struct tfab_ofi_ep *ep = ofi_ep(base);
+
 	if (*len_p < ep->addrlen)
 		return -ENOSPC;
 	memcpy(buf, ep->addr, ep->addrlen);
@@ -559,12 +581,12 @@ static int tfab_ofi_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
 }
 
 /* Removes the retired addresses (see keep_addrs), to make room in a full AV. */
-static void purge_retired(struct tfab_ep *ep)
+static void purge_retired(struct tfab_ofi_ep *ep)
 {
 	int n = 0;
 
 	while (ep->retired) {
-		struct tfab_conn *r = ep->retired;
+		struct tfab_ofi_conn *r = ep->retired;
 
 		ep->retired = r->zombie_next;
 		fi_av_remove(ep->av, &r->fi_addr, 1, 0);
@@ -574,10 +596,11 @@ static void purge_retired(struct tfab_ep *ep)
 	TFAB_INFO(SUBSYS, "address vector full: removed %d addresses of disconnected peers", n);
 }
 
-static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
-			    struct tfab_conn **peer_p)
+static int tfab_ofi_connect(struct tfab_ep *base, const void *addr, size_t len,
+			    struct tfab_conn **conn_p)
 {
-	struct tfab_conn *peer;
+	struct tfab_ofi_ep *ep = ofi_ep(base);
+	struct tfab_ofi_conn *peer;
 	int rc;
 
 	if (len == 0 || len > TFAB_OFI_MAX_ADDR)
@@ -595,17 +618,18 @@ static int tfab_ofi_connect(struct tfab_ep *ep, const void *addr, size_t len,
 		free(peer);
 		return rc < 0 ? ofi_err(rc) : -EINVAL;
 	}
+	peer->base.ep = &ep->base;
 	peer->ep = ep;
 	peer->pid = shm_pid(ep, addr, len);
 	ep->npeers++;
-	*peer_p = peer;
+	*conn_p = &peer->base;
 	return 0;
 }
 
 /* A disconnected connection with nothing in flight: its address leaves the AV, or retires. */
-static void conn_release(struct tfab_conn *conn)
+static void conn_release(struct tfab_ofi_conn *conn)
 {
-	struct tfab_ep *ep = conn->ep;
+	struct tfab_ofi_ep *ep = conn->ep;
 
 	if (ep->keep_addrs) {
 		conn->zombie_next = ep->retired;
@@ -616,9 +640,10 @@ static void conn_release(struct tfab_conn *conn)
 	free(conn);
 }
 
-static int tfab_ofi_disconnect(struct tfab_conn *peer)
+static int tfab_ofi_disconnect(struct tfab_conn *base)
 {
-	struct tfab_ep *ep;
+	struct tfab_ofi_conn *peer = ofi_conn(base);
+	struct tfab_ofi_ep *ep;
 
 	if (!peer)
 		return 0;
@@ -636,13 +661,13 @@ static int tfab_ofi_disconnect(struct tfab_conn *peer)
 }
 
 /* A write finished (or failed): account it to its connection, then recycle the op. */
-static void write_op_done(struct tfab_ep *ep, struct tfab_ofi_op *op)
+static void write_op_done(struct tfab_ofi_ep *ep, struct tfab_ofi_op *op)
 {
-	struct tfab_conn *conn = op->conn;
+	struct tfab_ofi_conn *conn = op->conn;
 
 	ep->inflight--;
 	if (conn && --conn->inflight == 0 && conn->closing) {
-		struct tfab_conn **pp = &ep->zombies;
+		struct tfab_ofi_conn **pp = &ep->zombies;
 
 		while (*pp && *pp != conn)
 			pp = &(*pp)->zombie_next;
@@ -653,9 +678,10 @@ static void write_op_done(struct tfab_ep *ep, struct tfab_ofi_op *op)
 	op_put(ep, op);
 }
 
-static int tfab_ofi_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
+static int tfab_ofi_mr_reg(struct tfab_ep *base, void *addr, size_t len, unsigned access,
 			   struct tfab_mr **mr_p)
 {
+	struct tfab_ofi_ep *ep = ofi_ep(base);
 	uint64_t fi_access = 0;
 	struct fid_mr *fmr;
 	struct tfab_mr *mr;
@@ -689,6 +715,7 @@ static int tfab_ofi_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned 
 			return ofi_err(rc);
 		}
 	}
+	mr->ep = base;
 	mr->addr = addr;
 	mr->len = len;
 	mr->rkey = fi_mr_key(fmr);
@@ -703,7 +730,7 @@ static int tfab_ofi_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned 
 static int tfab_ofi_mr_dereg(struct tfab_mr *mr)
 {
 	struct fid_mr *fmr;
-	struct tfab_ep *ep;
+	struct tfab_ofi_ep *ep;
 	int rc;
 
 	if (!mr)
@@ -730,10 +757,12 @@ static int post_error(ssize_t rc, const char *call, size_t len)
 	return ofi_err((int)rc);
 }
 
-static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const void *lbuf,
+static int tfab_ofi_write_imm(struct tfab_ep *base, struct tfab_conn *cbase, const void *lbuf,
 			      size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
 			      uint32_t imm, unsigned flags, void *ctx)
 {
+	struct tfab_ofi_ep *ep = ofi_ep(base);
+	struct tfab_ofi_conn *peer = ofi_conn(cbase);
 	bool inject = (flags & TFAB_WRITE_INJECT) != 0;
 	struct tfab_ofi_op *op;
 	ssize_t rc;
@@ -777,7 +806,7 @@ static int tfab_ofi_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const 
 	return 0;
 }
 
-static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
+static int read_error(struct tfab_ofi_ep *ep, struct tfab_event *ev)
 {
 	struct fi_cq_err_entry err = {0};
 	struct tfab_ofi_op *op;
@@ -814,8 +843,9 @@ static int read_error(struct tfab_ep *ep, struct tfab_event *ev)
 	return 1;
 }
 
-static int tfab_ofi_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
+static int tfab_ofi_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 {
+	struct tfab_ofi_ep *ep = ofi_ep(base);
 	int n = 0;
 
 	while (n < max) {

@@ -138,7 +138,7 @@ static int cm_decode(const uint8_t *buf, size_t len, struct tfab_verbs_cm *m)
 	return m->wr_max ? 0 : -EINVAL;
 }
 
-static uint32_t new_psn(struct tfab_ep *ep)
+static uint32_t new_psn(struct tfab_verbs_ep *ep)
 {
 	/* xorshift, seeded at random: PSNs differ between connections and runs. */
 	ep->rand ^= ep->rand << 13;
@@ -147,8 +147,8 @@ static uint32_t new_psn(struct tfab_ep *ep)
 	return (uint32_t)(ep->rand >> 20) & 0xffffff;
 }
 
-static void fill_ah_attr(const struct tfab_ep *ep, struct ibv_ah_attr *ah, const union ibv_gid *gid,
-			 uint16_t lid)
+static void fill_ah_attr(const struct tfab_verbs_ep *ep, struct ibv_ah_attr *ah,
+			 const union ibv_gid *gid, uint16_t lid)
 {
 	memset(ah, 0, sizeof(*ah));
 	ah->dlid = lid;
@@ -162,7 +162,7 @@ static void fill_ah_attr(const struct tfab_ep *ep, struct ibv_ah_attr *ah, const
 	}
 }
 
-int tfab_verbs_ah_get(struct tfab_ep *ep, const union ibv_gid *gid, uint16_t lid,
+int tfab_verbs_ah_get(struct tfab_verbs_ep *ep, const union ibv_gid *gid, uint16_t lid,
 		      struct ibv_ah **ah_p)
 {
 	struct tfab_verbs_ah *a;
@@ -197,7 +197,7 @@ int tfab_verbs_ah_get(struct tfab_ep *ep, const union ibv_gid *gid, uint16_t lid
 	return 0;
 }
 
-int tfab_verbs_qp_create(struct tfab_ep *ep, unsigned send_wr, unsigned inline_size,
+int tfab_verbs_qp_create(struct tfab_verbs_ep *ep, unsigned send_wr, unsigned inline_size,
 			 struct ibv_qp **qp_p, unsigned *inline_p)
 {
 	struct ibv_qp_init_attr a;
@@ -221,7 +221,7 @@ int tfab_verbs_qp_create(struct tfab_ep *ep, unsigned send_wr, unsigned inline_s
 	return 0;
 }
 
-int tfab_verbs_qp_init(struct tfab_ep *ep, struct ibv_qp *qp)
+int tfab_verbs_qp_init(struct tfab_verbs_ep *ep, struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a;
 
@@ -235,7 +235,7 @@ int tfab_verbs_qp_init(struct tfab_ep *ep, struct ibv_qp *qp)
 }
 
 /* INIT to RTR to RTS, towards the remote queue pair rqpn that starts at rpsn. */
-static int qp_connect(struct tfab_ep *ep, struct ibv_qp *qp, uint32_t psn, uint32_t rqpn,
+static int qp_connect(struct tfab_verbs_ep *ep, struct ibv_qp *qp, uint32_t psn, uint32_t rqpn,
 		      uint32_t rpsn, uint8_t rmtu, const union ibv_gid *gid, uint16_t lid)
 {
 	struct ibv_qp_attr a;
@@ -284,12 +284,12 @@ static int qp_to(struct ibv_qp *qp, enum ibv_qp_state state)
 
 /* The UD queue pair. */
 
-static uint8_t *ud_tx_buf(struct tfab_ep *ep, unsigned slot)
+static uint8_t *ud_tx_buf(struct tfab_verbs_ep *ep, unsigned slot)
 {
 	return ep->ud_buf + TFAB_VERBS_UD_RX * UD_RX_SLOT + slot * TFAB_VERBS_CM_LEN;
 }
 
-int tfab_verbs_ud_post_recv(struct tfab_ep *ep, unsigned slot)
+int tfab_verbs_ud_post_recv(struct tfab_verbs_ep *ep, unsigned slot)
 {
 	struct ibv_sge sge = {
 	    .addr = (uintptr_t)(ep->ud_buf + slot * UD_RX_SLOT),
@@ -309,7 +309,7 @@ int tfab_verbs_ud_post_recv(struct tfab_ep *ep, unsigned slot)
 	return tfab_verbs_rc(rc);
 }
 
-int tfab_verbs_ud_open(struct tfab_ep *ep)
+int tfab_verbs_ud_open(struct tfab_verbs_ep *ep)
 {
 	size_t len = TFAB_VERBS_UD_RX * UD_RX_SLOT + TFAB_VERBS_UD_TX * TFAB_VERBS_CM_LEN;
 	struct ibv_qp_init_attr init;
@@ -368,7 +368,7 @@ int tfab_verbs_ud_open(struct tfab_ep *ep)
 	return 0;
 }
 
-void tfab_verbs_ud_close(struct tfab_ep *ep)
+void tfab_verbs_ud_close(struct tfab_verbs_ep *ep)
 {
 	if (ep->ud_qp)
 		ibv_destroy_qp(ep->ud_qp);
@@ -381,7 +381,7 @@ void tfab_verbs_ud_close(struct tfab_ep *ep)
 }
 
 /* Send a datagram; -EAGAIN when every send buffer is busy (the requester sends again). */
-static int cm_send(struct tfab_ep *ep, struct ibv_ah *ah, uint32_t ud_qpn,
+static int cm_send(struct tfab_verbs_ep *ep, struct ibv_ah *ah, uint32_t ud_qpn,
 		   const struct tfab_verbs_cm *m)
 {
 	struct ibv_send_wr wr, *bad;
@@ -416,7 +416,7 @@ static int cm_send(struct tfab_ep *ep, struct ibv_ah *ah, uint32_t ud_qpn,
 }
 
 /* A datagram from this endpoint, its own part filled in. */
-static void cm_mine(const struct tfab_ep *ep, struct tfab_verbs_cm *m, uint8_t type)
+static void cm_mine(const struct tfab_verbs_ep *ep, struct tfab_verbs_cm *m, uint8_t type)
 {
 	memset(m, 0, sizeof(*m));
 	m->type = type;
@@ -428,9 +428,9 @@ static void cm_mine(const struct tfab_ep *ep, struct tfab_verbs_cm *m, uint8_t t
 	m->wr_max = ep->wr_max;
 }
 
-static void send_req(struct tfab_conn *conn, uint8_t type)
+static void send_req(struct tfab_verbs_conn *conn, uint8_t type)
 {
-	struct tfab_ep *ep = conn->ep;
+	struct tfab_verbs_ep *ep = conn->ep;
 	struct tfab_verbs_cm m;
 
 	cm_mine(ep, &m, type);
@@ -442,7 +442,7 @@ static void send_req(struct tfab_conn *conn, uint8_t type)
 	cm_send(ep, conn->ah, conn->remote.ud_qpn, &m);
 }
 
-static void set_timed(struct tfab_conn *conn, bool on)
+static void set_timed(struct tfab_verbs_conn *conn, bool on)
 {
 	if (conn->timed == on)
 		return;
@@ -455,7 +455,7 @@ static void set_timed(struct tfab_conn *conn, bool on)
 
 /* Connection states. */
 
-int tfab_verbs_conn_start(struct tfab_ep *ep, struct tfab_conn *conn)
+int tfab_verbs_conn_start(struct tfab_verbs_ep *ep, struct tfab_verbs_conn *conn)
 {
 	uint64_t now = tfab__now_ms();
 
@@ -471,14 +471,14 @@ int tfab_verbs_conn_start(struct tfab_ep *ep, struct tfab_conn *conn)
 }
 
 /* Writes kept for posting again get their ERROR events instead (injected ones just go). */
-static void drop_backlog(struct tfab_conn *conn, int status, const char *why)
+static void drop_backlog(struct tfab_verbs_conn *conn, int status, const char *why)
 {
 	for (unsigned i = 0; i < conn->nretry; i++)
 		tfab_verbs_defer_error(conn->ep, conn->retry[i], status, why);
 	conn->nretry = 0;
 }
 
-void tfab_verbs_conn_fail(struct tfab_conn *conn, int status, const char *why)
+void tfab_verbs_conn_fail(struct tfab_verbs_conn *conn, int status, const char *why)
 {
 	if (conn->state == TFAB_VERBS_FAILED)
 		return;
@@ -495,7 +495,7 @@ void tfab_verbs_conn_fail(struct tfab_conn *conn, int status, const char *why)
  * Post a marker: a signalled write to a queue pair in the error state, flushed at once. Its
  * completion comes after every earlier work request's, so the ring is empty once it is reaped.
  */
-static int post_marker(struct tfab_conn *conn)
+static int post_marker(struct tfab_verbs_conn *conn)
 {
 	struct tfab_verbs_op *op = tfab_verbs_op_get(conn->ep);
 	int rc;
@@ -510,7 +510,7 @@ static int post_marker(struct tfab_conn *conn)
 	return rc;
 }
 
-void tfab_verbs_conn_drain(struct tfab_conn *conn)
+void tfab_verbs_conn_drain(struct tfab_verbs_conn *conn)
 {
 	conn->state = TFAB_VERBS_DRAINING;
 	conn->retry_ins = 0;
@@ -520,14 +520,14 @@ void tfab_verbs_conn_drain(struct tfab_conn *conn)
 	tfab_verbs_conn_flush(conn);
 }
 
-void tfab_verbs_conn_flush(struct tfab_conn *conn)
+void tfab_verbs_conn_flush(struct tfab_verbs_conn *conn)
 {
 	if (qp_to(conn->qp, IBV_QPS_ERR) == 0 && conn->nops)
 		post_marker(conn);
 }
 
 /* After a completion of conn's took work requests off its ring. */
-void tfab_verbs_conn_after_retire(struct tfab_conn *conn)
+void tfab_verbs_conn_after_retire(struct tfab_verbs_conn *conn)
 {
 	if (conn->nops)
 		return;
@@ -547,9 +547,9 @@ void tfab_verbs_conn_after_retire(struct tfab_conn *conn)
 	tfab_verbs_conn_start(conn->ep, conn);
 }
 
-void tfab_verbs_conn_destroy(struct tfab_conn *conn)
+void tfab_verbs_conn_destroy(struct tfab_verbs_conn *conn)
 {
-	struct tfab_ep *ep = conn->ep;
+	struct tfab_verbs_ep *ep = conn->ep;
 
 	/* Completions that may still come for what is left are dropped. */
 	for (unsigned i = 0; i < conn->nops; i++)
@@ -565,9 +565,9 @@ void tfab_verbs_conn_destroy(struct tfab_conn *conn)
 	free(conn);
 }
 
-void tfab_verbs_conn_close(struct tfab_conn *conn)
+void tfab_verbs_conn_close(struct tfab_verbs_conn *conn)
 {
-	struct tfab_ep *ep = conn->ep;
+	struct tfab_verbs_ep *ep = conn->ep;
 
 	ep->nconns--;
 	conn->zombie = true;
@@ -592,7 +592,7 @@ void tfab_verbs_passive_destroy(struct tfab_verbs_passive *p)
 
 /* Datagrams in. */
 
-static struct tfab_verbs_passive *passive_find(struct tfab_ep *ep, uint64_t remote_ep,
+static struct tfab_verbs_passive *passive_find(struct tfab_verbs_ep *ep, uint64_t remote_ep,
 					       uint32_t conn_id)
 {
 	for (struct tfab_list *l = ep->passives.next; l != &ep->passives; l = l->next) {
@@ -605,10 +605,10 @@ static struct tfab_verbs_passive *passive_find(struct tfab_ep *ep, uint64_t remo
 	return NULL;
 }
 
-static struct tfab_conn *conn_find(struct tfab_ep *ep, uint32_t id)
+static struct tfab_verbs_conn *conn_find(struct tfab_verbs_ep *ep, uint32_t id)
 {
 	for (struct tfab_list *l = ep->conns.next; l != &ep->conns; l = l->next) {
-		struct tfab_conn *c = tfab_container_of(l, struct tfab_conn, link);
+		struct tfab_verbs_conn *c = tfab_container_of(l, struct tfab_verbs_conn, link);
 
 		if (c->id == id && !c->zombie)
 			return c;
@@ -616,7 +616,7 @@ static struct tfab_conn *conn_find(struct tfab_ep *ep, uint32_t id)
 	return NULL;
 }
 
-static void answer(struct tfab_ep *ep, const struct tfab_verbs_cm *req, uint8_t type,
+static void answer(struct tfab_verbs_ep *ep, const struct tfab_verbs_cm *req, uint8_t type,
 		   const struct tfab_verbs_passive *p)
 {
 	struct tfab_verbs_cm m;
@@ -635,7 +635,7 @@ static void answer(struct tfab_ep *ep, const struct tfab_verbs_cm *req, uint8_t 
 	cm_send(ep, ah, req->ud_qpn, &m);
 }
 
-static void on_req(struct tfab_ep *ep, const struct tfab_verbs_cm *m)
+static void on_req(struct tfab_verbs_ep *ep, const struct tfab_verbs_cm *m)
 {
 	struct tfab_verbs_passive *p = passive_find(ep, m->src_ep, m->conn_id);
 	int rc;
@@ -678,9 +678,9 @@ static void on_req(struct tfab_ep *ep, const struct tfab_verbs_cm *m)
 	answer(ep, m, TFAB_VERBS_CM_REP, p);
 }
 
-static void on_rep(struct tfab_ep *ep, const struct tfab_verbs_cm *m)
+static void on_rep(struct tfab_verbs_ep *ep, const struct tfab_verbs_cm *m)
 {
-	struct tfab_conn *conn = conn_find(ep, m->conn_id);
+	struct tfab_verbs_conn *conn = conn_find(ep, m->conn_id);
 
 	if (!conn || conn->state != TFAB_VERBS_CONNECTING || conn->gen != m->gen ||
 	    conn->remote.ep_id != m->src_ep)
@@ -704,7 +704,7 @@ static void on_rep(struct tfab_ep *ep, const struct tfab_verbs_cm *m)
 		tfab_verbs_post_backlog(conn);
 }
 
-void tfab_verbs_cm_on_recv(struct tfab_ep *ep, unsigned slot, uint32_t len)
+void tfab_verbs_cm_on_recv(struct tfab_verbs_ep *ep, unsigned slot, uint32_t len)
 {
 	struct tfab_verbs_cm m;
 	struct tfab_verbs_passive *p;
@@ -732,13 +732,13 @@ void tfab_verbs_cm_on_recv(struct tfab_ep *ep, unsigned slot, uint32_t len)
 	}
 }
 
-void tfab_verbs_timers(struct tfab_ep *ep, uint64_t now)
+void tfab_verbs_timers(struct tfab_verbs_ep *ep, uint64_t now)
 {
 	struct tfab_list *l, *t;
 
 	tfab_list_for_each_safe(l, t, &ep->conns)
 	{
-		struct tfab_conn *c = tfab_container_of(l, struct tfab_conn, link);
+		struct tfab_verbs_conn *c = tfab_container_of(l, struct tfab_verbs_conn, link);
 
 		if (!c->timed)
 			continue;

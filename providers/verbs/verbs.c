@@ -29,7 +29,7 @@
 #define TFAB_VERBS_SCAN_MS 2 /* how often connection timers are looked at, while any run */
 #define TFAB_VERBS_CQ_SPARE 64
 
-struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_ep *ep)
+struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_verbs_ep *ep)
 {
 	struct tfab_verbs_op *op = tfab__freelist_get(&ep->ops);
 
@@ -49,13 +49,14 @@ struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_ep *ep)
 	return op;
 }
 
-void tfab_verbs_op_put(struct tfab_ep *ep, struct tfab_verbs_op *op)
+void tfab_verbs_op_put(struct tfab_verbs_ep *ep, struct tfab_verbs_op *op)
 {
 	tfab__freelist_put(&ep->ops, op);
 }
 
 /* Queue an event for the next poll: WRITE_DONE (status 0) or ERROR. */
-static void defer(struct tfab_ep *ep, struct tfab_verbs_op *op, int status, const char *errmsg)
+static void defer(struct tfab_verbs_ep *ep, struct tfab_verbs_op *op, int status,
+		  const char *errmsg)
 {
 	op->status = status;
 	op->errmsg = errmsg;
@@ -68,7 +69,7 @@ static void defer(struct tfab_ep *ep, struct tfab_verbs_op *op, int status, cons
 	ep->deferred_tail = op;
 }
 
-void tfab_verbs_defer_error(struct tfab_ep *ep, struct tfab_verbs_op *op, int status,
+void tfab_verbs_defer_error(struct tfab_verbs_ep *ep, struct tfab_verbs_op *op, int status,
 			    const char *errmsg)
 {
 	if (op->inject || op->kind != TFAB_VERBS_OP_WRITE) {
@@ -78,7 +79,7 @@ void tfab_verbs_defer_error(struct tfab_ep *ep, struct tfab_verbs_op *op, int st
 	defer(ep, op, status, errmsg);
 }
 
-static int deliver_deferred(struct tfab_ep *ep, struct tfab_event *ev, int max)
+static int deliver_deferred(struct tfab_verbs_ep *ep, struct tfab_event *ev, int max)
 {
 	int n = 0;
 
@@ -100,7 +101,7 @@ static int deliver_deferred(struct tfab_ep *ep, struct tfab_event *ev, int max)
 }
 
 /* Put a posted op on its connection's ring. */
-static void ring_add(struct tfab_conn *conn, struct tfab_verbs_op *op, unsigned nwr)
+static void ring_add(struct tfab_verbs_conn *conn, struct tfab_verbs_op *op, unsigned nwr)
 {
 	op->conn = conn;
 	op->nwr = (uint16_t)nwr;
@@ -110,9 +111,9 @@ static void ring_add(struct tfab_conn *conn, struct tfab_verbs_op *op, unsigned 
 	conn->ep->sq_total += nwr;
 }
 
-int tfab_verbs_post(struct tfab_conn *conn, struct tfab_verbs_op *op)
+int tfab_verbs_post(struct tfab_verbs_conn *conn, struct tfab_verbs_op *op)
 {
-	struct tfab_ep *ep = conn->ep;
+	struct tfab_verbs_ep *ep = conn->ep;
 	bool write = op->kind == TFAB_VERBS_OP_WRITE, signalled;
 	unsigned nwr =
 	    op->len > ep->wr_max ? (unsigned)((op->len + ep->wr_max - 1) / ep->wr_max) : 1;
@@ -199,7 +200,7 @@ out:
 	return rc;
 }
 
-void tfab_verbs_post_backlog(struct tfab_conn *conn)
+void tfab_verbs_post_backlog(struct tfab_verbs_conn *conn)
 {
 	unsigned done = 0;
 	int rc = 0;
@@ -261,7 +262,7 @@ static int wc_status(enum ibv_wc_status st)
 }
 
 /* Keep a flushed write to post again, after those flushed before it. */
-static void retry_push(struct tfab_conn *conn, struct tfab_verbs_op *op)
+static void retry_push(struct tfab_verbs_conn *conn, struct tfab_verbs_op *op)
 {
 	memmove(conn->retry + conn->retry_ins + 1, conn->retry + conn->retry_ins,
 		(conn->nretry - conn->retry_ins) * sizeof(*conn->retry));
@@ -270,9 +271,9 @@ static void retry_push(struct tfab_conn *conn, struct tfab_verbs_op *op)
 }
 
 /* A write that went before one whose completion came: done, or to be posted again. */
-static void retire_quietly(struct tfab_conn *conn, struct tfab_verbs_op *op, bool ok)
+static void retire_quietly(struct tfab_verbs_conn *conn, struct tfab_verbs_op *op, bool ok)
 {
-	struct tfab_ep *ep = conn->ep;
+	struct tfab_verbs_ep *ep = conn->ep;
 
 	if (op->kind != TFAB_VERBS_OP_WRITE) {
 		tfab_verbs_op_put(ep, op);
@@ -291,10 +292,10 @@ static void retire_quietly(struct tfab_conn *conn, struct tfab_verbs_op *op, boo
 }
 
 /* A completion on an RC send queue; returns the number of events written to out (0 or 1). */
-static int on_send_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_event *out)
+static int on_send_wc(struct tfab_verbs_ep *ep, const struct ibv_wc *wc, struct tfab_event *out)
 {
 	struct tfab_verbs_op *op = (struct tfab_verbs_op *)(uintptr_t)wc->wr_id;
-	struct tfab_conn *conn = op->conn;
+	struct tfab_verbs_conn *conn = op->conn;
 	enum ibv_wc_status st = wc->status;
 	int nev = 0, status;
 
@@ -367,7 +368,7 @@ static int on_send_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_e
 	return nev;
 }
 
-static int on_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_event *out)
+static int on_wc(struct tfab_verbs_ep *ep, const struct ibv_wc *wc, struct tfab_event *out)
 {
 	unsigned slot = (unsigned)(wc->wr_id >> 3);
 
@@ -424,7 +425,7 @@ static int on_wc(struct tfab_ep *ep, const struct ibv_wc *wc, struct tfab_event 
 }
 
 /* Keep the SRQ full: every write with immediate that lands takes one receive. */
-static void srq_refill(struct tfab_ep *ep)
+static void srq_refill(struct tfab_verbs_ep *ep)
 {
 	struct ibv_recv_wr wr[64], *bad;
 
@@ -450,7 +451,7 @@ static void srq_refill(struct tfab_ep *ep)
 }
 
 /* Completion channel mode: take the events (never blocking) and acknowledge them in batches. */
-static void read_channel(struct tfab_ep *ep)
+static void read_channel(struct tfab_verbs_ep *ep)
 {
 	struct ibv_cq *cq;
 	void *cq_ctx;
@@ -469,7 +470,7 @@ static void read_channel(struct tfab_ep *ep)
  * Asynchronous events (a queue pair's last WQE, port changes) queue up in the kernel until
  * read: read them now and then, without blocking, and log them.
  */
-static void read_async(struct tfab_ep *ep)
+static void read_async(struct tfab_verbs_ep *ep)
 {
 	struct ibv_async_event ae;
 
@@ -490,8 +491,9 @@ static void read_async(struct tfab_ep *ep)
 	}
 }
 
-static int tfab_verbs_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
+static int tfab_verbs_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 {
+	struct tfab_verbs_ep *ep = verbs_ep(base);
 	int n = deliver_deferred(ep, ev, max);
 
 	if (ep->channel)
@@ -527,7 +529,8 @@ static int tfab_verbs_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
 		ep->backlog = false;
 		tfab_list_for_each_safe(l, t, &ep->conns)
 		{
-			struct tfab_conn *c = tfab_container_of(l, struct tfab_conn, link);
+			struct tfab_verbs_conn *c =
+			    tfab_container_of(l, struct tfab_verbs_conn, link);
 
 			if (!c->zombie && c->state == TFAB_VERBS_READY && c->nretry)
 				tfab_verbs_post_backlog(c);
@@ -543,10 +546,12 @@ static int tfab_verbs_poll(struct tfab_ep *ep, struct tfab_event *ev, int max)
 
 /* Writes. */
 
-static int tfab_verbs_write_imm(struct tfab_ep *ep, struct tfab_conn *conn, const void *lbuf,
+static int tfab_verbs_write_imm(struct tfab_ep *base, struct tfab_conn *cbase, const void *lbuf,
 				size_t len, struct tfab_mr *lmr, uint64_t raddr, uint64_t rkey,
 				uint32_t imm, unsigned flags, void *ctx)
 {
+	struct tfab_verbs_ep *ep = verbs_ep(base);
+	struct tfab_verbs_conn *conn = verbs_conn(cbase);
 	bool inject = (flags & TFAB_WRITE_INJECT) != 0;
 	struct tfab_verbs_op *op;
 	int rc;
@@ -593,15 +598,16 @@ static int tfab_verbs_write_imm(struct tfab_ep *ep, struct tfab_conn *conn, cons
  * driver API dependency yet, and rxe cannot do it: this reports false, and mr_reg takes host
  * memory only. This is the hook to change when a backend gets device pointers.
  */
-static bool hmem_cuda_supported(const struct tfab_ep *ep)
+static bool hmem_cuda_supported(const struct tfab_verbs_ep *ep)
 {
 	(void)ep;
 	return false;
 }
 
-static int tfab_verbs_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
+static int tfab_verbs_mr_reg(struct tfab_ep *base, void *addr, size_t len, unsigned access,
 			     struct tfab_mr **mr_p)
 {
+	struct tfab_verbs_ep *ep = verbs_ep(base);
 	int flags = IBV_ACCESS_LOCAL_WRITE;
 	struct tfab_verbs_mr *vmr;
 	int rc;
@@ -623,6 +629,7 @@ static int tfab_verbs_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigne
 		return rc;
 	}
 	vmr->ep = ep;
+	vmr->pub.ep = base;
 	vmr->pub.addr = addr;
 	vmr->pub.len = len;
 	vmr->pub.rkey = vmr->mr->rkey;
@@ -652,8 +659,9 @@ static int tfab_verbs_mr_dereg(struct tfab_mr *mr)
 
 /* Connections. */
 
-static int tfab_verbs_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
+static int tfab_verbs_get_addr(struct tfab_ep *base, void *buf, size_t *len_p)
 {
+	struct tfab_verbs_ep *ep = verbs_ep(base);
 	struct tfab_verbs_addr a = {
 	    .link_layer = ep->port.link_layer,
 	    .port = ep->port.port,
@@ -671,10 +679,11 @@ static int tfab_verbs_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
 	return 0;
 }
 
-static int tfab_verbs_connect(struct tfab_ep *ep, const void *addr, size_t len,
-			      struct tfab_conn **peer_p)
+static int tfab_verbs_connect(struct tfab_ep *base, const void *addr, size_t len,
+			      struct tfab_conn **conn_p)
 {
-	struct tfab_conn *conn;
+	struct tfab_verbs_ep *ep = verbs_ep(base);
+	struct tfab_verbs_conn *conn;
 	int rc;
 
 	conn = calloc(1, sizeof(*conn));
@@ -720,8 +729,9 @@ static int tfab_verbs_connect(struct tfab_ep *ep, const void *addr, size_t len,
 	conn->id = ++ep->next_conn_id;
 	tfab__list_add_tail(&ep->conns, &conn->link);
 	ep->nconns++;
+	conn->base.ep = base;
 	tfab_verbs_conn_start(ep, conn);
-	*peer_p = conn;
+	*conn_p = &conn->base;
 	return 0;
 err_qp:
 	ibv_destroy_qp(conn->qp);
@@ -735,20 +745,23 @@ err:
 static int tfab_verbs_disconnect(struct tfab_conn *conn)
 {
 	if (conn)
-		tfab_verbs_conn_close(conn);
+		tfab_verbs_conn_close(verbs_conn(conn));
 	return 0;
 }
 
 /* The endpoint. */
 
-static int tfab_verbs_close(struct tfab_ep *ep)
+static int tfab_verbs_close(struct tfab_ep *base)
 {
+	struct tfab_verbs_ep *ep = base ? verbs_ep(base) : NULL;
+
 	if (!ep)
 		return 0;
 	if (ep->nconns || ep->nmrs)
 		return -EBUSY;
 	while (!tfab__list_empty(&ep->conns))
-		tfab_verbs_conn_destroy(tfab_container_of(ep->conns.next, struct tfab_conn, link));
+		tfab_verbs_conn_destroy(
+		    tfab_container_of(ep->conns.next, struct tfab_verbs_conn, link));
 	while (!tfab__list_empty(&ep->passives))
 		tfab_verbs_passive_destroy(
 		    tfab_container_of(ep->passives.next, struct tfab_verbs_passive, link));
@@ -803,7 +816,7 @@ static uint64_t random_id(void)
 }
 
 /* Queue depths from the settings, within what the device offers. */
-static int set_limits(struct tfab_ep *ep, const struct tfab_config *cfg,
+static int set_limits(struct tfab_verbs_ep *ep, const struct tfab_config *cfg,
 		      const struct ibv_device_attr *d, unsigned *cq_depth_p)
 {
 	unsigned cq_depth = cfg->verbs_cq_depth;
@@ -844,7 +857,7 @@ static int set_limits(struct tfab_ep *ep, const struct tfab_config *cfg,
 }
 
 /* The largest inline size the device takes, up to the setting: try, halving on refusal. */
-static int find_inline(struct tfab_ep *ep, unsigned want)
+static int find_inline(struct tfab_verbs_ep *ep, unsigned want)
 {
 	for (;;) {
 		struct ibv_qp *qp;
@@ -870,7 +883,7 @@ static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **e
 	struct open_pick pick = {NULL};
 	struct ibv_srq_init_attr srq_attr;
 	struct ibv_device_attr dattr;
-	struct tfab_ep *ep;
+	struct tfab_verbs_ep *ep;
 	unsigned cq_depth = 0;
 	char why[256], gid[64];
 	int rc;
@@ -879,6 +892,7 @@ static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **e
 	ep = calloc(1, sizeof(*ep));
 	if (!ep)
 		return -ENOMEM;
+	ep->base.ops = &tfab_verbs_ops;
 	ep->ops = TFAB_FREELIST_INIT(struct tfab_verbs_op, TFAB_VERBS_OP_CHUNK);
 	tfab__list_init(&ep->conns);
 	tfab__list_init(&ep->passives);
@@ -970,16 +984,16 @@ static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **e
 		  ep->port.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
 		  ep->port.gid_index, gid, 128 << ep->port.mtu, ep->sq_depth, ep->rq_depth,
 		  cq_depth, ep->inline_size, ep->ud_qp->qp_num);
-	*ep_p = ep;
+	*ep_p = &ep->base;
 	return 0;
 err:
-	tfab_verbs_close(ep);
+	tfab_verbs_close(&ep->base);
 	return rc;
 }
 
-static const struct tfab_caps *tfab_verbs_caps(const struct tfab_ep *ep)
+static const struct tfab_caps *tfab_verbs_caps(const struct tfab_ep *base)
 {
-	return &ep->caps;
+	return &verbs_ep(base)->caps;
 }
 
 const struct tfab_provider_ops tfab_verbs_ops = {

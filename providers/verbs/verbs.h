@@ -95,8 +95,8 @@ enum tfab_verbs_op_kind {
 
 /* One posted work request; kept until its completion (or a later signalled one) retires it. */
 struct tfab_verbs_op {
-	struct tfab_verbs_op *next; /* free list, or the deferred-event list */
-	struct tfab_conn *conn;	    /* NULL once its queue pair is gone: drop the completion */
+	struct tfab_verbs_op *next;   /* free list, or the deferred-event list */
+	struct tfab_verbs_conn *conn; /* NULL once its queue pair is gone: drop the completion */
 	void *ctx;
 	uint8_t kind;
 	bool inject;
@@ -117,8 +117,9 @@ enum tfab_verbs_conn_state {
 	TFAB_VERBS_FAILED,	   /* the peer is lost: writes fail */
 };
 
-struct tfab_conn {
-	struct tfab_ep *ep;
+struct tfab_verbs_conn {
+	struct tfab_conn base;
+	struct tfab_verbs_ep *ep;
 	struct tfab_list link; /* ep->conns */
 	enum tfab_verbs_conn_state state;
 	bool zombie; /* disconnected, waiting for its work requests to retire */
@@ -161,13 +162,14 @@ struct tfab_verbs_ah {
 
 struct tfab_verbs_mr {
 	struct tfab_mr pub;
-	struct tfab_ep *ep;
+	struct tfab_verbs_ep *ep;
 	struct ibv_mr *mr;
 };
 
 struct tfab_verbs_chunk;
 
-struct tfab_ep {
+struct tfab_verbs_ep {
+	struct tfab_ep base;
 	struct tfab_caps caps;
 	struct tfab_verbs_port port;
 	uint64_t ep_id;
@@ -197,7 +199,7 @@ struct tfab_ep {
 	struct ibv_mr *ud_mr;
 	uint8_t *ud_buf;
 	bool ud_tx_busy[TFAB_VERBS_UD_TX];
-	struct tfab_list conns;	   /* struct tfab_conn, zombies included */
+	struct tfab_list conns;	   /* struct tfab_verbs_conn, zombies included */
 	struct tfab_list passives; /* struct tfab_verbs_passive */
 	struct tfab_list ahs;	   /* struct tfab_verbs_ah */
 	uint32_t next_conn_id;
@@ -211,6 +213,18 @@ struct tfab_ep {
 	struct tfab_freelist ops; /* of struct tfab_verbs_op */
 	struct ibv_wc wc[TFAB_VERBS_POLL_BATCH];
 };
+
+extern const struct tfab_provider_ops tfab_verbs_ops;
+
+static inline struct tfab_verbs_ep *verbs_ep(const struct tfab_ep *base)
+{
+	return tfab_container_of(base, struct tfab_verbs_ep, base);
+}
+
+static inline struct tfab_verbs_conn *verbs_conn(struct tfab_conn *base)
+{
+	return tfab_container_of(base, struct tfab_verbs_conn, base);
+}
 
 /* device.c */
 
@@ -242,45 +256,45 @@ int tfab_verbs_errno(int err);
 
 /* cm.c */
 
-int tfab_verbs_ud_open(struct tfab_ep *ep);
-void tfab_verbs_ud_close(struct tfab_ep *ep);
-int tfab_verbs_ud_post_recv(struct tfab_ep *ep, unsigned slot);
-void tfab_verbs_cm_on_recv(struct tfab_ep *ep, unsigned slot, uint32_t len);
+int tfab_verbs_ud_open(struct tfab_verbs_ep *ep);
+void tfab_verbs_ud_close(struct tfab_verbs_ep *ep);
+int tfab_verbs_ud_post_recv(struct tfab_verbs_ep *ep, unsigned slot);
+void tfab_verbs_cm_on_recv(struct tfab_verbs_ep *ep, unsigned slot, uint32_t len);
 
 void tfab_verbs_addr_encode(const struct tfab_verbs_addr *a, uint8_t *buf);
 int tfab_verbs_addr_decode(const uint8_t *buf, size_t len, struct tfab_verbs_addr *a);
 
 /* The cached address handle for a port (GID and LID); the endpoint owns it. */
-int tfab_verbs_ah_get(struct tfab_ep *ep, const union ibv_gid *gid, uint16_t lid,
+int tfab_verbs_ah_get(struct tfab_verbs_ep *ep, const union ibv_gid *gid, uint16_t lid,
 		      struct ibv_ah **ah_p);
 
 /* An RC queue pair receiving from the SRQ (in RESET); *inline_p gets its inline size. */
-int tfab_verbs_qp_create(struct tfab_ep *ep, unsigned send_wr, unsigned inline_size,
+int tfab_verbs_qp_create(struct tfab_verbs_ep *ep, unsigned send_wr, unsigned inline_size,
 			 struct ibv_qp **qp_p, unsigned *inline_p);
 /* RESET to INIT on the endpoint's port, taking remote writes. */
-int tfab_verbs_qp_init(struct tfab_ep *ep, struct ibv_qp *qp);
+int tfab_verbs_qp_init(struct tfab_verbs_ep *ep, struct ibv_qp *qp);
 
-int tfab_verbs_conn_start(struct tfab_ep *ep, struct tfab_conn *conn);
-void tfab_verbs_conn_fail(struct tfab_conn *conn, int status, const char *why);
-void tfab_verbs_conn_drain(struct tfab_conn *conn);
+int tfab_verbs_conn_start(struct tfab_verbs_ep *ep, struct tfab_verbs_conn *conn);
+void tfab_verbs_conn_fail(struct tfab_verbs_conn *conn, int status, const char *why);
+void tfab_verbs_conn_drain(struct tfab_verbs_conn *conn);
 /* Move the queue pair to ERR and post a marker: everything on the ring completes, flushed. */
-void tfab_verbs_conn_flush(struct tfab_conn *conn);
-void tfab_verbs_conn_after_retire(struct tfab_conn *conn);
-void tfab_verbs_conn_close(struct tfab_conn *conn);
-void tfab_verbs_conn_destroy(struct tfab_conn *conn);
+void tfab_verbs_conn_flush(struct tfab_verbs_conn *conn);
+void tfab_verbs_conn_after_retire(struct tfab_verbs_conn *conn);
+void tfab_verbs_conn_close(struct tfab_verbs_conn *conn);
+void tfab_verbs_conn_destroy(struct tfab_verbs_conn *conn);
 void tfab_verbs_passive_destroy(struct tfab_verbs_passive *p);
-void tfab_verbs_timers(struct tfab_ep *ep, uint64_t now);
+void tfab_verbs_timers(struct tfab_verbs_ep *ep, uint64_t now);
 
 /* verbs.c */
 
-struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_ep *ep);
-void tfab_verbs_op_put(struct tfab_ep *ep, struct tfab_verbs_op *op);
+struct tfab_verbs_op *tfab_verbs_op_get(struct tfab_verbs_ep *ep);
+void tfab_verbs_op_put(struct tfab_verbs_ep *ep, struct tfab_verbs_op *op);
 /* Queue an ERROR event for op (an inject's op is just freed). */
-void tfab_verbs_defer_error(struct tfab_ep *ep, struct tfab_verbs_op *op, int status,
+void tfab_verbs_defer_error(struct tfab_verbs_ep *ep, struct tfab_verbs_op *op, int status,
 			    const char *errmsg);
 /* Post op on conn's queue pair and append it to the ring. 0, -EAGAIN, or an error. */
-int tfab_verbs_post(struct tfab_conn *conn, struct tfab_verbs_op *op);
+int tfab_verbs_post(struct tfab_verbs_conn *conn, struct tfab_verbs_op *op);
 /* Post again, in order, the writes a recovery kept. */
-void tfab_verbs_post_backlog(struct tfab_conn *conn);
+void tfab_verbs_post_backlog(struct tfab_verbs_conn *conn);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * The fault-injecting provider wrapper of fault_ops.h: the real provider's table with
- * write_imm replaced.
+ * write_imm replaced, put in place of the endpoint's own (its base object's ops).
  */
 #include <string.h>
 
@@ -54,11 +54,11 @@ static int fault_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const voi
 void fault_ops_install(struct tfab_context *ctx)
 {
 	tfab__ctx_lock(ctx);
-	if (ctx->ops != &wrapped) {
-		real = ctx->ops;
+	if (ctx->ep->ops != &wrapped) {
+		real = ctx->ep->ops;
 		wrapped = *real;
 		wrapped.write_imm = fault_write_imm;
-		ctx->ops = &wrapped;
+		ctx->ep->ops = &wrapped;
 	}
 	nrules = 0;
 	tfab__ctx_unlock(ctx);
@@ -67,8 +67,8 @@ void fault_ops_install(struct tfab_context *ctx)
 void fault_ops_remove(struct tfab_context *ctx)
 {
 	tfab__ctx_lock(ctx);
-	if (ctx->ops == &wrapped)
-		ctx->ops = real;
+	if (ctx->ep->ops == &wrapped)
+		ctx->ep->ops = real;
 	nrules = 0;
 	tfab__ctx_unlock(ctx);
 }

@@ -1700,12 +1700,11 @@ static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *byte
 
 	memcpy(buf, bytes, len);
 	tfab__ctx_lock(ctx); /* registrations are serialised with the progress thread's */
-	rc = ctx->ops->mr_reg(ctx->ep, buf, 4096, TFAB_MR_LOCAL_WRITE, &mr);
+	rc = tfab_mr_reg(peer->conn->ep, buf, 4096, TFAB_MR_LOCAL_WRITE, &mr);
 	if (rc == 0)
-		rc = ctx->ops->write_imm(ctx->ep, peer->conn, buf, len, mr,
-					 peer->remote_raddr + slot * peer->remote_slot_size,
-					 peer->remote_rkey, tfab__imm_msg(peer->remote_id, slot), 0,
-					 &peer->credit_w);
+		rc = tfab_conn_write_imm(
+		    peer->conn, buf, len, mr, peer->remote_raddr + slot * peer->remote_slot_size,
+		    peer->remote_rkey, tfab__imm_msg(peer->remote_id, slot), 0, &peer->credit_w);
 	/* The engine accounts the completion like a credit write's: wait for it. */
 	if (rc == 0)
 		peer->users++;
@@ -1724,7 +1723,7 @@ static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *byte
 	}
 	tfab__ctx_lock(ctx);
 	if (mr)
-		ctx->ops->mr_dereg(mr);
+		tfab_mr_dereg(mr);
 	tfab__ctx_unlock(ctx);
 	free(buf);
 	return rc ? rc : idle ? 0 : -ETIMEDOUT;
