@@ -16,6 +16,8 @@ extern const struct tfab_provider_ops tfab_ofi_ops;
 #ifdef TFAB_HAVE_VERBS
 extern const struct tfab_provider_ops tfab_verbs_ops;
 #endif
+/* shm needs no package: always built, last in auto-selection (it reaches this host only). */
+extern const struct tfab_provider_ops tfab_shm_ops;
 
 /* Auto-selection order: the fast path first. */
 static const struct tfab_provider_ops *const builtin[] = {
@@ -25,10 +27,11 @@ static const struct tfab_provider_ops *const builtin[] = {
 #ifdef TFAB_HAVE_OFI
     &tfab_ofi_ops,
 #endif
+    &tfab_shm_ops,
     NULL,
 };
 
-const char *const tfab__provider_known[] = {"verbs", "ofi", NULL};
+const char *const tfab__provider_known[] = {"verbs", "ofi", "shm", NULL};
 
 int tfab__no_probe(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb, void *arg)
 {
@@ -133,11 +136,12 @@ static int fail_why(int rc, char *errbuf, size_t errlen, const struct tfab_confi
 	if (ops)
 		ops->explain(cfg, why, sizeof(why));
 	available_choices(cfg, &cl);
-	snprintf(errbuf, errlen,
-		 "TFAB_PROVIDER=%s: %s%s%s%s. Choices: auto, verbs, ofi, ofi:<libfabric provider>; "
-		 "usable on this machine: %s%s%s",
-		 cfg->provider, what, why[0] ? " (" : "", why, why[0] ? ")" : "", cl.text,
-		 fi ? " (FI_PROVIDER=" : "", fi ? fi : "");
+	snprintf(
+	    errbuf, errlen,
+	    "TFAB_PROVIDER=%s: %s%s%s%s. Choices: auto, verbs, ofi, ofi:<libfabric provider>, shm; "
+	    "usable on this machine: %s%s%s",
+	    cfg->provider, what, why[0] ? " (" : "", why, why[0] ? ")" : "", cl.text,
+	    fi ? " (FI_PROVIDER=" : "", fi ? fi : "");
 	if (fi)
 		strncat(errbuf, ")", errlen - strlen(errbuf) - 1);
 	return rc;
