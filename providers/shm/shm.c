@@ -1162,13 +1162,31 @@ static void rx_reap(struct tfab_shm_ep *ep)
 	}
 }
 
+static void reverse(struct tfab_event *ev, int n)
+{
+	for (int i = 0, j = n - 1; i < j; i++, j--) {
+		struct tfab_event t = ev[i];
+
+		ev[i] = ev[j];
+		ev[j] = t;
+	}
+}
+
+/* [a events][b events] -> [b events][a events], in place. */
+static void rotate(struct tfab_event *ev, int a, int b)
+{
+	reverse(ev, a);
+	reverse(ev + a, b);
+	reverse(ev, a + b);
+}
+
 static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 {
 	struct tfab_shm_ep *ep = shm_ep(base);
 	struct tfab_shm_conn *c, *next;
 	size_t budget = TFAB_SHM_BUDGET;
 	uint64_t now = 0;
-	int n = 0;
+	int n = 0, n0, nrx;
 
 	while (ep->failed && n < max) {
 		struct tfab_shm_op *op = ep->failed;
@@ -1179,6 +1197,7 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 		ev_error(ep, &ev[n++], op->ctx, op->inject, op->status);
 		tfab__freelist_put(&ep->ops, op);
 	}
+	n0 = nrx = n;
 	for (unsigned w = 0; w < TFAB_SHM_SLOTS / 64 && n < max; w++) {
 		uint64_t bits = atomic_load_explicit(&ep->ctrl->active[w], memory_order_acquire);
 
@@ -1189,6 +1208,7 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 			n += rx_slot(ep, w * 64 + b, ev + n, max - n);
 		}
 	}
+	nrx = n - nrx;
 	for (c = ep->conns; c; c = next) {
 		next = c->next;
 		if (!conn_busy(c))
@@ -1214,6 +1234,14 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 		if (c->closing && !conn_busy(c))
 			conn_release(ep, c);
 	}
+	/*
+	 * Our writes' completions go before the peers' writes read in this poll: a peer that took
+	 * our write and then wrote to us (the engine's TAKEN for a tensor we wrote) released its
+	 * tail before it published that write, so the completion is here by now, and an engine
+	 * that sees the message first would find the write still in flight.
+	 */
+	if (nrx && n > n0 + nrx)
+		rotate(ev + n0, nrx, n - n0 - nrx);
 	if (!now)
 		now = now_ns();
 	if (now >= ep->next_rx_check) {
