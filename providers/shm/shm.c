@@ -1253,9 +1253,16 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 
 int tfab_shm_get_stats(struct tfab_ep *base, struct tfab_shm_stats *stats_p)
 {
+	struct tfab_shm_ep *ep;
+
 	if (!base || base->ops != &tfab_shm_ops)
 		return -EINVAL;
-	*stats_p = shm_ep(base)->stats;
+	ep = shm_ep(base);
+	*stats_p = ep->stats;
+	stats_p->writers = 0;
+	for (unsigned w = 0; w < TFAB_SHM_SLOTS / 64; w++)
+		stats_p->writers += (unsigned)__builtin_popcountll(
+		    atomic_load_explicit(&ep->ctrl->active[w], memory_order_relaxed));
 	return 0;
 }
 

@@ -82,6 +82,7 @@ struct tfab_shm_stats {
 	uint64_t seg_writes, seg_bytes;	      /* into a peer's shared segment, one copy */
 	uint64_t cma_writes, cma_bytes;	      /* process_vm_writev */
 	uint64_t bounce_writes, bounce_bytes; /* through the bounce buffers (CMA refused) */
+	unsigned writers;		      /* slots that writers hold on this endpoint now */
 };
 
 /* The endpoint's statistics; -EINVAL when ep is not an shm endpoint. */
