@@ -91,6 +91,9 @@ static size_t ring_len_of(uint64_t k)
 	return (size_t)((k * 2654435761u) % (TFAB_SHM_INLINE_MAX + 1));
 }
 
+/* A broken ring may stall rather than corrupt: both sides give up after this. */
+static uint64_t ring_deadline;
+
 static void *ring_consumer(void *arg)
 {
 	struct tfab_shm_ring *r = arg;
@@ -101,8 +104,11 @@ static void *ring_consumer(void *arg)
 		struct tfab_shm_entry *e = tfab_shm_ring_peek(r, tail);
 		unsigned n;
 
-		if (!e)
+		if (!e) {
+			if (tfab__now_ms() > ring_deadline)
+				return (void *)(uintptr_t)(RING_WRITES - k);
 			continue;
+		}
 		n = tfab_shm_inline_entries(e->len);
 		if (e->imm != (uint32_t)k || e->len != ring_len_of(k))
 			bad++;
@@ -129,8 +135,9 @@ static void test_ring_threads(void **state)
 	(void)state;
 	assert_non_null(r);
 	memset(r, 0, sizeof(*r));
+	ring_deadline = tfab__now_ms() + WAIT_MS;
 	assert_int_equal(pthread_create(&t, NULL, ring_consumer, r), 0);
-	while (acks < RING_WRITES) {
+	while (acks < RING_WRITES && tfab__now_ms() < ring_deadline) {
 		uint64_t tail = tfab_shm_ring_tail(r);
 
 		/* Verdicts come back in order, each in its write's first entry. */
@@ -162,8 +169,49 @@ static void test_ring_threads(void **state)
 	}
 	assert_int_equal(pthread_join(t, &bad), 0);
 	assert_int_equal((uintptr_t)bad, 0);
+	assert_int_equal(acks, RING_WRITES);
 	assert_int_equal(head, acked);
 	free(starts);
+	free(r);
+}
+
+/*
+ * Continuation entries hold raw bytes where a header's sequence word would be. Once taken,
+ * a slot must not pass for published on the next lap whatever bytes it last held: here a
+ * payload whose bytes at the continuation slot's sequence word read as exactly the number
+ * the consumer will look for there one lap later.
+ */
+static void test_ring_stale_slot(void **state)
+{
+	struct tfab_shm_ring *r = aligned_alloc(64, sizeof(*r));
+	uint8_t buf[TFAB_SHM_INLINE_HEAD + 8], out[sizeof(buf)];
+	uint64_t forged = 1 + TFAB_SHM_RING_N + 1; /* slot 1's sequence one lap on */
+	uint64_t tail = 0;
+
+	(void)state;
+	assert_non_null(r);
+	memset(r, 0, sizeof(*r));
+	memset(buf, 0, sizeof(buf));
+	memcpy(buf + TFAB_SHM_INLINE_HEAD, &forged, sizeof(forged));
+	tfab_shm_ring_at(r, 0)->len = sizeof(buf);
+	tfab_shm_ring_put_inline(r, 0, buf, sizeof(buf));
+	tfab_shm_ring_publish(r, 0);
+	assert_non_null(tfab_shm_ring_peek(r, 0));
+	tfab_shm_ring_get_inline(r, 0, out, sizeof(out));
+	assert_memory_equal(out, buf, sizeof(buf));
+	tfab_shm_ring_take(r, 0, 2, 0);
+	tail = 2;
+	/* One-entry writes round the ring up to the slot before the forged one. */
+	for (uint64_t i = 2; i < TFAB_SHM_RING_N + 1; i++) {
+		tfab_shm_ring_at(r, i)->len = 0;
+		tfab_shm_ring_publish(r, i);
+		assert_non_null(tfab_shm_ring_peek(r, tail));
+		tfab_shm_ring_take(r, tail, 1, 0);
+		tail++;
+	}
+	tfab_shm_ring_release(r, tail);
+	/* Nothing is published at slot 1 this lap: the consumer must see nothing. */
+	assert_null(tfab_shm_ring_peek(r, tail));
 	free(r);
 }
 
@@ -466,16 +514,22 @@ static void test_bounce_refused_at_first_write(void **state)
 
 /* ---- a receiver killed mid-transfer ---- */
 
-static int count_dev_shm(void)
+/*
+ * Names in /dev/shm that a process left there: ours would carry "tfab" or its pid (as
+ * libfabric's do). Others' names are not counted, since other tests may run beside this one.
+ */
+static int count_dev_shm(pid_t pid)
 {
 	DIR *d = opendir("/dev/shm");
 	struct dirent *e;
+	char p[32];
 	int n = 0;
 
 	if (!d)
 		return 0;
+	snprintf(p, sizeof(p), "%d", (int)pid);
 	while ((e = readdir(d)) != NULL)
-		n += e->d_name[0] != '.';
+		n += strstr(e->d_name, "tfab") != NULL || strstr(e->d_name, p) != NULL;
 	closedir(d);
 	return n;
 }
@@ -532,8 +586,8 @@ static void killed_mid_transfer(bool shared)
 	struct outcome o = {0};
 	struct target t;
 	uint8_t *src = malloc(len);
-	int sv[2], status, shm_before = count_dev_shm();
-	int maps_before = count_maps("tfab-shm-data");
+	int sv[2], status, shm_before;
+	int maps_before = count_maps("tfab-shm-data"), ctrl_before = count_maps("tfab-shm-ctrl");
 	uint64_t killed_at, seen_at;
 	uint32_t got;
 	pid_t pid;
@@ -549,6 +603,7 @@ static void killed_mid_transfer(bool shared)
 		receiver_child(sv[1], len, shared);
 	}
 	close(sv[1]);
+	shm_before = count_dev_shm(pid);
 	assert_int_equal(tfab__sock_recv_msg(sv[0], &t, sizeof(t), &got, WAIT_MS), 0);
 	close(sv[0]);
 	assert_int_equal(got, sizeof(t));
@@ -576,12 +631,12 @@ static void killed_mid_transfer(bool shared)
 			 -TFAB_ERR_PEER_FAILED);
 	assert_int_equal(tfab_conn_disconnect(conn), 0);
 	/* Nothing of the dead process in /dev/shm, nor mapped here once disconnected. */
-	assert_int_equal(count_dev_shm(), shm_before);
+	assert_int_equal(count_dev_shm(pid), shm_before);
 	assert_int_equal(count_maps("tfab-shm-data"), maps_before);
-	assert_int_equal(count_maps("tfab-shm-ctrl"), 1); /* our own endpoint's */
+	assert_int_equal(count_maps("tfab-shm-ctrl"), ctrl_before); /* our own endpoint's */
 	assert_int_equal(tfab_mr_dereg(smr), 0);
 	assert_int_equal(tfab_ep_close(ep), 0);
-	assert_int_equal(count_maps("tfab-shm-ctrl"), 0);
+	assert_int_equal(count_maps("tfab-shm-ctrl"), ctrl_before - 1);
 	free(src);
 }
 
@@ -637,6 +692,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_ring_threads),
+	    cmocka_unit_test(test_ring_stale_slot),
 	    cmocka_unit_test(test_foreign_address),
 	    cmocka_unit_test(test_bad_long_write),
 	    cmocka_unit_test(test_cma),
