@@ -26,6 +26,7 @@ struct perf_opts {
 	bool verify;
 	bool cuda;		 /* --device cuda: tensor test buffers in GPU memory */
 	bool progress;		 /* show progress on a terminal */
+	bool heap_dst;		 /* raw: destinations from malloc even where mem_alloc is offered */
 	int timeout_ms;		 /* bound of every wait */
 	const char *listen_port; /* --listen */
 	const char *connect_to;	 /* --connect */
@@ -42,6 +43,7 @@ struct perf_pair {
 	int sock; /* bootstrap connection, kept for the run */
 	size_t buf_len;
 	uint8_t *src, *dst; /* page-aligned, buf_len each */
+	bool dst_shared;    /* dst is the backend's memory (mem_alloc) */
 	struct tfab_mr *smr, *dmr;
 	uint64_t remote_raddr, remote_rkey; /* the peer's dst */
 	char peer_host[256];		    /* the server's host, for the tensor pair */

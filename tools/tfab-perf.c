@@ -96,6 +96,9 @@ static void usage(FILE *f)
 	    "                       pattern its sender filled it with\n"
 	    "      --device D       tensor test buffers: cpu (default) or cuda (GPU memory, sent\n"
 	    "                       and received through the host proxy path)\n"
+	    "      --heap-dst       raw: write into malloc'd destinations even where the backend\n"
+	    "                       offers memory its peers write in one copy (mem_alloc: shm),\n"
+	    "                       as the engine's pool takes\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
 	    "      --json           one JSON object per size (default: a table)\n"
 	    "      --listen PORT    be the server, on this TCP port (default: a local pair)\n"
@@ -129,13 +132,22 @@ static int parse_sizes(const char *text, struct perf_opts *o)
 
 static int parse_args(int argc, char **argv, struct perf_opts *o, const char **provider_p)
 {
-	enum { OPT_VERIFY = 256, OPT_TIMEOUT, OPT_JSON, OPT_LISTEN, OPT_CONNECT, OPT_DEVICE };
+	enum {
+		OPT_VERIFY = 256,
+		OPT_TIMEOUT,
+		OPT_JSON,
+		OPT_LISTEN,
+		OPT_CONNECT,
+		OPT_DEVICE,
+		OPT_HEAP_DST
+	};
 	static const struct option longopts[] = {
 	    {"sizes", required_argument, NULL, 's'},
 	    {"iters", required_argument, NULL, 'n'},
 	    {"window", required_argument, NULL, 'w'},
 	    {"provider", required_argument, NULL, 'p'},
 	    {"verify", no_argument, NULL, OPT_VERIFY},
+	    {"heap-dst", no_argument, NULL, OPT_HEAP_DST},
 	    {"device", required_argument, NULL, OPT_DEVICE},
 	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
 	    {"json", no_argument, NULL, OPT_JSON},
@@ -177,6 +189,9 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			break;
 		case OPT_VERIFY:
 			o->verify = true;
+			break;
+		case OPT_HEAP_DST:
+			o->heap_dst = true;
 			break;
 		case OPT_DEVICE:
 			if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
@@ -235,6 +250,7 @@ static void send_plan(struct wire *w, const struct perf_opts *o)
 	put(w, o->iters, 4);
 	put(w, o->window, 4);
 	put(w, o->verify, 1);
+	put(w, o->heap_dst, 1);
 	put(w, (uint64_t)o->timeout_ms, 4);
 	put(w, (uint64_t)o->nsizes, 4);
 	for (int i = 0; i < o->nsizes; i++)
@@ -249,6 +265,7 @@ static int take_plan(struct wire *w, struct perf_opts *o)
 	o->iters = (unsigned)get(w, 4);
 	o->window = (unsigned)get(w, 4);
 	o->verify = get(w, 1) != 0;
+	o->heap_dst = get(w, 1) != 0;
 	o->timeout_ms = (int)get(w, 4);
 	o->nsizes = (int)get(w, 4);
 	if (o->nsizes <= 0 || o->nsizes > PERF_MAX_SIZES)
@@ -265,6 +282,8 @@ static void pair_teardown(struct perf_pair *p)
 		p->ops->disconnect(p->peer);
 		p->ops->mr_dereg(p->smr);
 		p->ops->mr_dereg(p->dmr);
+		if (p->dst_shared)
+			p->ops->mem_free(p->ep, p->dst, p->buf_len);
 		p->ops->close(p->ep);
 	}
 	p->ops = NULL;
@@ -272,7 +291,9 @@ static void pair_teardown(struct perf_pair *p)
 	p->smr = p->dmr = NULL;
 	p->ep = NULL;
 	free(p->src);
-	free(p->dst);
+	if (!p->dst_shared)
+		free(p->dst);
+	p->dst_shared = false;
 	p->src = p->dst = NULL;
 }
 
@@ -305,8 +326,16 @@ static int pair_setup(struct perf_pair *p, const struct perf_opts *o, bool local
 		return rc;
 	}
 	p->caps = p->ops->caps(p->ep);
-	if (posix_memalign((void **)&p->src, page, p->buf_len) ||
-	    posix_memalign((void **)&p->dst, page, p->buf_len))
+	/* Where the backend offers memory that peers write in one copy, the engine's pool uses it. */
+	if (p->ops->mem_alloc && !o->heap_dst) {
+		rc = p->ops->mem_alloc(p->ep, p->buf_len, (void **)&p->dst);
+		if (rc)
+			return rc;
+		p->dst_shared = true;
+	} else if (posix_memalign((void **)&p->dst, page, p->buf_len)) {
+		return -ENOMEM;
+	}
+	if (posix_memalign((void **)&p->src, page, p->buf_len))
 		return -ENOMEM;
 	memset(p->src, 0, p->buf_len);
 	memset(p->dst, 0, p->buf_len);
@@ -389,8 +418,8 @@ static int run(struct perf_pair *p, const struct perf_opts *o)
 	int rc = 0, failed = 0;
 
 	if (p->client && !o->json) {
-		printf("tfab-perf raw: %s %s on %s\n", p->caps->backend, p->caps->fabric,
-		       p->caps->domain);
+		printf("tfab-perf raw: %s %s on %s%s\n", p->caps->backend, p->caps->fabric,
+		       p->caps->domain, p->dst_shared ? " (destinations from mem_alloc)" : "");
 		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
 		       "Gb/s", "lat_us", "verified");
 	}

@@ -34,13 +34,15 @@ static void copy_stream(uint8_t *d, const uint8_t *s, size_t len)
 }
 #endif
 
-void tfab_shm_copy(void *dst, const void *src, size_t len)
+void tfab_shm_copy(void *dst, const void *src, size_t len, bool stream)
 {
 #if defined(__x86_64__)
-	if (len >= TFAB_SHM_NT_MIN) {
+	if (stream && len >= 64) {
 		copy_stream(dst, src, len);
 		return;
 	}
+#else
+	(void)stream;
 #endif
 	memcpy(dst, src, len);
 #if defined(__x86_64__)

@@ -33,6 +33,12 @@
 #define TFAB_SHM_CHECK_NS 1000000ull	  /* a peer's death is seen within this of a poll */
 #define TFAB_SHM_RX_CHECK_NS 100000000ull /* dead writers' slots are freed this often */
 #define TFAB_SHM_MAX_MSG (1ull << 40)
+/*
+ * Shorter writes to memory outside a shared segment go through the bounce buffers even where
+ * CMA works: two copies of a few KiB in cache cost less than process_vm_writev's system call
+ * and page pinning (see doc/providers.md for the figures).
+ */
+#define TFAB_SHM_CMA_MIN (64u << 10)
 
 enum tfab_shm_path { PATH_INLINE = 1, PATH_MAPPED, PATH_CMA, PATH_BOUNCE };
 
@@ -734,7 +740,7 @@ static int op_route(struct tfab_shm_ep *ep, struct tfab_shm_conn *c, struct tfab
 		op->path = PATH_MAPPED;
 		op->dst = base + v.seg_off + (op->raddr - v.addr);
 	} else {
-		op->path = ep->no_cma ? PATH_BOUNCE : PATH_CMA;
+		op->path = ep->no_cma || op->len < TFAB_SHM_CMA_MIN ? PATH_BOUNCE : PATH_CMA;
 	}
 	return 0;
 }
@@ -856,7 +862,8 @@ static int op_progress(struct tfab_shm_ep *ep, struct tfab_shm_conn *c, struct t
 		while (op->done < op->len && *budget) {
 			size_t n = op->len - op->done < *budget ? op->len - op->done : *budget;
 
-			tfab_shm_copy(op->dst + op->done, op->src + op->done, n);
+			tfab_shm_copy(op->dst + op->done, op->src + op->done, n,
+				      op->len >= TFAB_SHM_NT_MIN);
 			op->done += n;
 			*budget -= n;
 		}
