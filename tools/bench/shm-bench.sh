@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+#
+# shm-bench.sh: the native shm backend against libfabric's shm through `tfab-perf raw`, and
+# against one thread's memcpy, on this machine in one run. Runs are interleaved (shm,
+# shm --heap-dst, ofi:shm, memcpy, shm, ...) so that drifting load hits all alike; the table
+# gives medians and the ratios that issue 10 sets as targets:
+#   8 B one-way latency   shm <= 0.4 x ofi:shm
+#   1 MiB bandwidth       shm >= 2 x ofi:shm
+#   64 MiB bandwidth      shm >= 0.9 x memcpy (one thread, 64 MiB)
+# "shm" writes into mem_alloc memory (one copy, as the engine's pool does); "shm heap" into
+# malloc'd memory (process_vm_writev, or the bounce buffers below 64 KiB).
+#
+# usage: tools/bench/shm-bench.sh [BUILD_DIR] [SIZES] [REPS]
+#   BUILD_DIR  meson build folder (default: build, at the repo root)
+#   SIZES      comma-separated, K/M suffixes allowed (default 8,1M,64M)
+#   REPS       runs of each (default 5)
+# Environment: RUN_TIMEOUT seconds per run (default 300).
+
+set -u
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+sizes=${2:-8,1M,64M}
+reps=${3:-5}
+run_timeout=${RUN_TIMEOUT:-300}
+perf=$build/tools/tfab-perf
+memcpy_bw=$build/tools/memcpy-bw
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+[[ -x $perf && -x $memcpy_bw ]] || {
+	echo "shm-bench: build $build first (tools/tfab-perf, tools/memcpy-bw)" >&2
+	exit 2
+}
+failed=0
+for ((i = 1; i <= reps; i++)); do
+	echo "run $i of $reps" >&2
+	timeout "$run_timeout" "$perf" raw -p shm -s "$sizes" --json >>"$out/shm" || failed=1
+	timeout "$run_timeout" "$perf" raw -p shm -s "$sizes" --heap-dst --json \
+		>>"$out/shm-heap" || failed=1
+	FI_PROVIDER=shm timeout "$run_timeout" "$perf" raw -p ofi:shm -s "$sizes" --json \
+		>>"$out/ofi-shm" || failed=1
+	"$memcpy_bw" $((64 << 20)) 5 >>"$out/memcpy" || failed=1
+done
+
+python3 - "$out" <<'PY'
+import json, os, statistics, sys
+d = sys.argv[1]
+def load(name):
+    rows = {}
+    for line in open(os.path.join(d, name)):
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows.setdefault(r.get("test") if name == "memcpy" else r["bytes"], []).append(r)
+    return rows
+shm, heap, ofi, mc = load("shm"), load("shm-heap"), load("ofi-shm"), load("memcpy")
+med = lambda rows, k: statistics.median(r[k] for r in rows) if rows else float("nan")
+memcpy = med(mc.get("memcpy", []), "GBps")
+stream = med(mc.get("stream", []), "GBps")
+print(f"memcpy, one thread, 64 MiB: {memcpy:.2f} GB/s (streaming stores: {stream:.2f} GB/s)")
+print(f"{'bytes':>10} | {'shm GB/s':>9} {'lat us':>7} | {'heap GB/s':>9} {'lat us':>7} | "
+      f"{'ofi:shm GB/s':>12} {'lat us':>7} | ratios")
+for size in sorted(shm):
+    s, h, o = shm[size], heap.get(size, []), ofi.get(size, [])
+    sg, sl = med(s, "GBps"), med(s, "lat_us")
+    hg, hl = med(h, "GBps"), med(h, "lat_us")
+    og, ol = med(o, "GBps"), med(o, "lat_us")
+    notes = []
+    if size <= 64:
+        notes.append(f"lat shm/ofi {sl / ol:.2f} (target <= 0.4)")
+    elif size == 1 << 20:
+        notes.append(f"bw shm/ofi {sg / og:.2f} (target >= 2), heap/ofi {hg / og:.2f}")
+    elif size == 64 << 20:
+        notes.append(f"bw shm/memcpy {sg / memcpy:.2f} (target >= 0.9), heap/memcpy "
+                     f"{hg / memcpy:.2f}, ofi/memcpy {og / memcpy:.2f}")
+    print(f"{size:>10} | {sg:>9.2f} {sl:>7.2f} | {hg:>9.2f} {hl:>7.2f} | {og:>12.2f} {ol:>7.2f} "
+          f"| {'; '.join(notes)}")
+PY
+exit $failed
