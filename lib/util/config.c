@@ -140,8 +140,8 @@ static const struct tfab_config_parser parser_level = {"level", parse_level, for
 
 static const struct tfab_config_entry table[] = {
     {"TFAB_PROVIDER", "auto",
-     "Fabric backend: auto (verbs when a device has an active port, else libfabric), verbs, "
-     "ofi, or ofi:<libfabric provider>",
+     "Fabric backend: auto (verbs when a device has an active port, else libfabric, else "
+     "shm), verbs, ofi, ofi:<libfabric provider>, or shm (native shared memory, this host)",
      FIELD(provider), &parser_string, 0, 0},
     {"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
      FIELD(log_level), &parser_level, 0, 0},

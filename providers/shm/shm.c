@@ -182,7 +182,9 @@ static void describe(struct tfab_fabric_desc *d)
 	memset(d, 0, sizeof(*d));
 	d->backend = "shm";
 	snprintf(d->fabric, sizeof(d->fabric), "shm");
-	snprintf(d->domain, sizeof(d->domain), "host");
+	/* As caps.domain says: how writes outside shared segments travel. */
+	snprintf(d->domain, sizeof(d->domain), "%s",
+		 cma_works(why, sizeof(why)) ? "cma" : "bounce");
 	f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
 	if (f) {
 		if (fscanf(f, "%d", &scope) != 1)

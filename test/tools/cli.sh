@@ -17,7 +17,7 @@ trap 'rm -rf "$out"' EXIT
 check "tfab-info --json is JSON with settings" python3 -c '
 import json, sys
 d = json.load(open(sys.argv[1]))
-assert d["version"] and d["settings"] and {b["name"] for b in d["backends"]} == {"ofi", "verbs"}
+assert d["version"] and d["settings"] and {b["name"] for b in d["backends"]} == {"ofi", "verbs", "shm"}
 ' "$out/json"
 usable=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["fabrics"]))' "$out/json")
 if [ "$usable" -gt 0 ]; then
@@ -124,7 +124,7 @@ check "... and every option with its default" python3 -c '
 import re, sys
 opts, cur = {}, None
 for line in open(sys.argv[1]):
-    m = re.match(r" +(?:-\w, )?(--[a-z]+)", line)
+    m = re.match(r" +(?:-\w, )?(--[a-z-]+)", line)
     if m:
         cur = m.group(1)
         opts[cur] = line
@@ -139,6 +139,7 @@ want = {
     "--window": "(default 16, but at most 256 MiB and at least 2 in flight; tensor: at most 64)",
     "--provider": "(default: TFAB_PROVIDER from the environment, else auto)",
     "--verify": "(default off)",
+    "--heap-dst": "(default off)",
     "--device": "cpu (default)",
     "--timeout": "(default 120000)",
     "--json": "(default: a table)",
