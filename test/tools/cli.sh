@@ -118,8 +118,8 @@ fi
 
 "$bin/tfab-perf" --help >"$out/help"
 check "tfab-perf --help exits 0" [ $? = 0 ]
-check "... naming the tests raw, tensor and all" grep -q '^usage: tfab-perf \[raw|tensor|all\] ' \
-	"$out/help"
+check "... naming the tests memcpy, raw, tensor and all" \
+	grep -q '^usage: tfab-perf \[memcpy|raw|tensor|all\] ' "$out/help"
 check "... and every option with its default" python3 -c '
 import re, sys
 opts, cur = {}, None
@@ -149,7 +149,7 @@ want = {
 assert set(opts) == set(want), sorted(opts)
 for o, w in want.items():
     assert w in opts[o], (o, opts[o])
-assert re.search(r"^ +all +raw, then tensor \(the default\)$", open(sys.argv[1]).read(), re.M)
+assert re.search(r"^ +all +memcpy, raw, then tensor \(the default\)$", open(sys.argv[1]).read(), re.M)
 ' "$out/help"
 "$bin/tfab-perf" --sizes 1X >/dev/null 2>&1
 check "tfab-perf rejects a bad size" [ $? = 2 ]
@@ -175,10 +175,12 @@ if [ -n "$perf_p" ]; then
 	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" all -p "$perf_p" -s 8,4K -n 4 --json \
 		--verify >"$out/all" 2>"$out/err"
 	check "tfab-perf all -p $perf_p --verify exits 0" [ $? = 0 ]
-	check "... every row verified" python3 -c '
+	check "... every row verified, memcpy then raw then tensor" python3 -c '
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert len(rows) == 4 and all(r["verified"] is True for r in rows), rows
+assert [(r["test"], r["bytes"]) for r in rows] == [
+    (t, b) for t in ("memcpy", "raw", "tensor") for b in (8, 4096)], rows
+assert all(r["verified"] is True and r["iters"] == 4 for r in rows), rows
 ' "$out/all"
 	# A local pair's engine contexts use the raw test's (loopback) domain.
 	check "... its tensor rows on the raw rows' backend, fabric and domain" python3 -c '
