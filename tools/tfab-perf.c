@@ -86,7 +86,7 @@ static void usage(FILE *f)
 	    "    raw      writes with immediate through the provider interface\n"
 	    "    tensor   whole tensors through the engine (request, meta-data, content write)\n"
 	    "    all      memcpy, raw, then tensor (the default)\n"
-	    "  A comma-separated list (raw,tensor) runs those, in that order.\n"
+	    "  A comma-separated list (memcpy,raw) runs those, always in the order above.\n"
 	    "  Without --listen/--connect it starts a local pair of processes itself.\n\n"
 	    "  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
 	    "  -n, --iters N        transfers per size (default about 2 GiB per size, at least 32\n"
