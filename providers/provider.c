@@ -16,18 +16,21 @@ extern const struct tfab_provider_ops tfab_ofi_ops;
 #ifdef TFAB_HAVE_VERBS
 extern const struct tfab_provider_ops tfab_verbs_ops;
 #endif
-/* shm needs no package: always built, last in auto-selection (it reaches this host only). */
+/* The native shm backend needs no package: it is built always. */
 extern const struct tfab_provider_ops tfab_shm_ops;
 
-/* Auto-selection order: the fast path first. */
+/*
+ * Auto-selection order: the same-host paths (shm: peers on this host take it), then the fast
+ * network path first.
+ */
 static const struct tfab_provider_ops *const builtin[] = {
+    &tfab_shm_ops,
 #ifdef TFAB_HAVE_VERBS
     &tfab_verbs_ops,
 #endif
 #ifdef TFAB_HAVE_OFI
     &tfab_ofi_ops,
 #endif
-    &tfab_shm_ops,
     NULL,
 };
 
@@ -54,6 +57,14 @@ void tfab__no_explain(const struct tfab_config *cfg, char *buf, size_t len)
 	(void)cfg;
 	if (len)
 		buf[0] = '\0';
+}
+
+void tfab__caps_path_name(const struct tfab_caps *caps, char *buf, size_t len)
+{
+	if (strcmp(caps->backend, "ofi") == 0)
+		snprintf(buf, len, "ofi:%.*s", (int)strcspn(caps->fabric, ";"), caps->fabric);
+	else
+		snprintf(buf, len, "%s", caps->backend);
 }
 
 const struct tfab_provider_ops *const *tfab__providers(void)
@@ -153,24 +164,31 @@ static int fail(int rc, char *errbuf, size_t errlen, const struct tfab_config *c
 	return fail_why(rc, errbuf, errlen, cfg, what, NULL);
 }
 
-int tfab__provider_select(const struct tfab_config *cfg, const struct tfab_provider_ops **ops_p,
-			  char *fabric, size_t fabric_len, char *errbuf, size_t errlen)
+/* One entry of the list: a backend, "ofi:<provider>", or "auto" (every usable backend). */
+static int select_entry(const struct tfab_config *cfg, const char *want, size_t wlen,
+			struct tfab_path_choice *out, int max, int *n, char *errbuf, size_t errlen)
 {
-	const char *want = cfg->provider;
 	const struct tfab_provider_ops *ops;
-	const char *colon = strchr(want, ':');
+	const char *colon = memchr(want, ':', wlen);
 	char backend[16];
-	size_t blen = colon ? (size_t)(colon - want) : strlen(want);
+	size_t blen = colon ? (size_t)(colon - want) : wlen;
+	size_t flen = colon ? wlen - blen - 1 : 0;
 
-	fabric[0] = '\0';
-	if (strcmp(want, "auto") == 0 || want[0] == '\0') {
+	if ((wlen == 4 && memcmp(want, "auto", 4) == 0) || wlen == 0) {
+		int found = 0;
+
+		/* The same-host paths, then the first network backend usable here. */
 		for (size_t i = 0; builtin[i]; i++) {
-			if (usable(builtin[i], cfg, NULL)) {
-				*ops_p = builtin[i];
-				return 0;
-			}
+			if (!usable(builtin[i], cfg, NULL))
+				continue;
+			found++;
+			if (*n < max)
+				out[(*n)++] = (struct tfab_path_choice){.ops = builtin[i]};
+			if (!builtin[i]->same_host)
+				break;
 		}
-		return fail(-TFAB_ERR_NO_FABRIC, errbuf, errlen, cfg, "no usable fabric");
+		return found ? 0
+			     : fail(-TFAB_ERR_NO_FABRIC, errbuf, errlen, cfg, "no usable fabric");
 	}
 	if (blen >= sizeof(backend))
 		return fail(-TFAB_ERR_CONFIG, errbuf, errlen, cfg, "not a known backend");
@@ -180,23 +198,79 @@ int tfab__provider_select(const struct tfab_config *cfg, const struct tfab_provi
 	int known = 0;
 	for (size_t i = 0; tfab__provider_known[i]; i++)
 		known |= strcmp(tfab__provider_known[i], backend) == 0;
-	if (!known || (colon && (strcmp(backend, "ofi") != 0 || colon[1] == '\0')))
+	if (!known || (colon && (strcmp(backend, "ofi") != 0 || flen == 0)))
 		return fail(-TFAB_ERR_CONFIG, errbuf, errlen, cfg, "not a known choice");
 
 	ops = tfab__provider_find(backend);
 	if (!ops)
 		return fail(-TFAB_ERR_NO_FABRIC, errbuf, errlen, cfg,
 			    "that backend is not built into this tfab");
-	if (colon && strlen(colon + 1) >= fabric_len)
+	if (flen >= sizeof(out->fabric))
 		return fail(-TFAB_ERR_CONFIG, errbuf, errlen, cfg, "provider name too long");
-	if (!usable(ops, cfg, colon ? colon + 1 : NULL))
+
+	struct tfab_path_choice c = {.ops = ops};
+
+	memcpy(c.fabric, colon ? colon + 1 : "", flen);
+	c.fabric[flen] = '\0';
+	if (!usable(ops, cfg, colon ? c.fabric : NULL))
 		return fail_why(-TFAB_ERR_NO_FABRIC, errbuf, errlen, cfg,
 				colon ? "libfabric offers no usable endpoint with that provider"
 				      : "that backend finds no usable device or provider here",
 				ops);
-	if (colon)
-		snprintf(fabric, fabric_len, "%s", colon + 1);
-	*ops_p = ops;
+	if (*n < max)
+		out[(*n)++] = c;
+	return 0;
+}
+
+int tfab__provider_select_list(const struct tfab_config *cfg, struct tfab_path_choice *out, int max,
+			       int *n_p, char *errbuf, size_t errlen)
+{
+	const char *p = cfg->provider;
+	int n = 0;
+
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		int before = n, rc;
+
+		while (len && *p == ' ')
+			p++, len--;
+		while (len && p[len - 1] == ' ')
+			len--;
+		rc = select_entry(cfg, p, len, out, max, &n, errbuf, errlen);
+		if (rc)
+			return rc;
+		/* A path named twice ("ofi:tcp,auto") is opened once, where it came first. */
+		for (int i = before; i < n; i++) {
+			for (int j = 0; j < before; j++) {
+				if (out[j].ops == out[i].ops &&
+				    strcmp(out[j].fabric, out[i].fabric) == 0) {
+					memmove(&out[i], &out[i + 1],
+						sizeof(*out) * (size_t)(n - i - 1));
+					n--, i--;
+					break;
+				}
+			}
+		}
+		p += strcspn(p, ",");
+		if (*p != ',')
+			break;
+		p++;
+	}
+	*n_p = n;
+	return 0;
+}
+
+int tfab__provider_select(const struct tfab_config *cfg, const struct tfab_provider_ops **ops_p,
+			  char *fabric, size_t fabric_len, char *errbuf, size_t errlen)
+{
+	struct tfab_path_choice c[TFAB_MAX_PATHS];
+	int n = 0;
+	int rc = tfab__provider_select_list(cfg, c, TFAB_MAX_PATHS, &n, errbuf, errlen);
+
+	if (rc)
+		return rc;
+	*ops_p = c[0].ops;
+	snprintf(fabric, fabric_len, "%s", c[0].fabric);
 	return 0;
 }
 

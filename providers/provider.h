@@ -55,6 +55,7 @@ struct tfab_caps {
 	size_t inject_size;    /* longest write that may use TFAB_WRITE_INJECT */
 	size_t addr_len;       /* bytes of the endpoint blob */
 	bool hmem_cuda;	       /* CUDA device memory can be registered */
+	bool same_host;	       /* reaches only processes on this host (shm) */
 	bool manual_progress;  /* data moves only while both sides poll */
 	bool mr_local;	       /* local buffers must be registered (always done anyway) */
 };
@@ -122,6 +123,7 @@ typedef void (*tfab_probe_cb)(void *arg, const struct tfab_fabric_desc *desc);
 struct tfab_provider_ops {
 	size_t size;	  /* sizeof(struct tfab_provider_ops), for version checks */
 	const char *name; /* "ofi", "verbs" */
+	bool same_host;	  /* its endpoints reach processes of this host only (shm) */
 
 	/* Report each usable fabric through cb; returns how many, or a negative status. */
 	int (*probe)(const struct tfab_config *cfg, const char *fabric, tfab_probe_cb cb,
@@ -235,8 +237,29 @@ const struct tfab_provider_ops *tfab__provider_find(const char *name);
 /* Names of every backend this code knows, built in or not (for messages). */
 extern const char *const tfab__provider_known[];
 
+/* A path's name for caps: "ofi:tcp" for libfabric's "tcp;ofi_rxm", else the backend's. */
+void tfab__caps_path_name(const struct tfab_caps *caps, char *buf, size_t len);
+
+/* The most paths (endpoints) a context opens. */
+#define TFAB_MAX_PATHS 4
+
+/* A path to open: a backend and its fabric ("" for the backend's first). */
+struct tfab_path_choice {
+	const struct tfab_provider_ops *ops;
+	char fabric[64];
+};
+
 /*
- * Resolve TFAB_PROVIDER (cfg->provider) to a backend and fabric name. On failure returns
+ * Resolve TFAB_PROVIDER, an ordered comma-separated list ("shm,ofi:tcp"; "auto" stands for
+ * the usable same-host backends, then the first usable network backend, in auto-selection
+ * order: shm, verbs, ofi), to the paths to open, at most max, in that
+ * order, each once. A named entry that is unusable fails the whole with a message in errbuf.
+ */
+int tfab__provider_select_list(const struct tfab_config *cfg, struct tfab_path_choice *out, int max,
+			       int *n_p, char *errbuf, size_t errlen);
+
+/*
+ * Resolve TFAB_PROVIDER (cfg->provider) to a backend and fabric name: the list's first. On failure returns
  * -TFAB_ERR_NO_FABRIC or -TFAB_ERR_CONFIG with a message in errbuf that names the choices
  * available on this machine.
  */

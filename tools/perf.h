@@ -1,6 +1,7 @@
 /*
  * tfab-perf internals shared by its tests: the connected pair (one endpoint, one peer, a
- * registered source and target on each side), options, and result reporting.
+ * registered source and target on each side), options, and result reporting. The memcpy test
+ * needs no pair.
  */
 #ifndef TFAB_TOOLS_PERF_H
 #define TFAB_TOOLS_PERF_H
@@ -14,10 +15,10 @@
 
 #define PERF_MAX_SIZES 32
 
-enum { PERF_RAW = 1, PERF_TENSOR = 2 };
+enum { PERF_RAW = 1, PERF_TENSOR = 2, PERF_MEMCPY = 4 };
 
 struct perf_opts {
-	unsigned tests; /* PERF_RAW | PERF_TENSOR */
+	unsigned tests; /* PERF_MEMCPY | PERF_RAW | PERF_TENSOR */
 	size_t sizes[PERF_MAX_SIZES];
 	int nsizes;
 	unsigned iters;	 /* 0: chosen per size */
@@ -58,7 +59,7 @@ struct perf_result {
 	size_t bytes;
 	unsigned iters, window;
 	double gbps;	 /* gigabits per second */
-	double lat_us;	 /* one-way: half a round trip */
+	double lat_us;	 /* one-way: half a round trip (memcpy: one copy) */
 	bool verified;	 /* --verify: every byte arrived as sent */
 	bool has_engine; /* tensor: the engine's counters below are set */
 	uint64_t copies, meta_misses;
@@ -80,6 +81,12 @@ unsigned perf_window_of(size_t size);
 /* --verify: fill len bytes with the pattern of seed; whether buf holds that pattern. */
 void perf_fill(uint8_t *buf, size_t len, uint64_t seed);
 bool perf_check(const uint8_t *buf, size_t len, uint64_t seed);
+
+/*
+ * Runs the memcpy test in this process and prints its rows: 0, a status, or -EIO when --verify
+ * found a copy unlike its source.
+ */
+int perf_memcpy_run(const struct perf_opts *o);
 
 /* Runs the tensor test over the engine; both sides call it. */
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o);

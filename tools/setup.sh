@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs tfab's build and test dependencies from Debian 12 packages, builds into build/, and
-# runs the main job: tfab-perf (raw writes, then tensors) between two local processes over the
-# default fabric.
+# runs the main job: tfab-perf (one thread's memcpy, the bound, then raw writes and tensors)
+# between two local processes over the default fabric.
 #   tools/setup.sh              everything
 #   tools/setup.sh --deps-only  just the packages (CI uses this)
 set -euo pipefail

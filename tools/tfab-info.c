@@ -1,7 +1,7 @@
 /*
  * tfab-info: the version, the backends built in, the fabrics usable on this machine with their
- * capabilities, the backend TFAB_PROVIDER selects (and the fabric and domain a context opens
- * there), and every setting with its default, current value and help. --json prints the same
+ * capabilities, the backend TFAB_PROVIDER selects first (and the fabric and domain a context
+ * opens there), every path a context opens in TFAB_PROVIDER's order, and every setting with its default, current value and help. --json prints the same
  * as one object.
  */
 #include <stdio.h>
@@ -27,25 +27,41 @@ static void collect(void *arg, const struct tfab_fabric_desc *d)
 		fl->d[fl->n++] = *d;
 }
 
-/*
- * The fabric and domain a context would open: selection names no fabric for auto, or for a
- * backend alone, and the backend picks one when it opens. Open as tfab_context_create does,
- * and ask.
- */
-static int opened(const struct tfab_config *cfg, char *fabric, char *domain, size_t len,
-		  char *errbuf, size_t errlen)
-{
-	const struct tfab_provider_ops *ops;
-	struct tfab_ep *ep;
-	int rc;
+/* A path a context opens: its name, and the fabric and domain its backend picked. */
+struct path_info {
+	char name[32], fabric[64], domain[64];
+};
 
-	rc = tfab__provider_open(cfg, false, &ops, &ep, errbuf, errlen);
-	if (rc)
-		return rc;
-	snprintf(fabric, len, "%s", ops->caps(ep)->fabric);
-	snprintf(domain, len, "%s", ops->caps(ep)->domain);
-	ops->close(ep);
-	return 0;
+/*
+ * The paths a context would open, in TFAB_PROVIDER's order: selection names no fabric for
+ * auto, or for a backend alone, and the backend picks one when it opens. Open each as
+ * tfab_context_create does, and ask.
+ */
+static int opened(const struct tfab_config *cfg, struct path_info *out, int *n_p, char *errbuf,
+		  size_t errlen)
+{
+	struct tfab_path_choice c[TFAB_MAX_PATHS];
+	int n = 0, rc;
+
+	rc = tfab__provider_select_list(cfg, c, TFAB_MAX_PATHS, &n, errbuf, errlen);
+	for (int i = 0; i < n && rc == 0; i++) {
+		struct tfab_open_args args = {.cfg = cfg,
+					      .fabric = c[i].fabric[0] ? c[i].fabric : NULL};
+		struct tfab_ep *ep;
+
+		rc = c[i].ops->open(&args, &ep);
+		if (rc) {
+			snprintf(errbuf, errlen, "opening %s%s%s failed: %s", c[i].ops->name,
+				 c[i].fabric[0] ? ":" : "", c[i].fabric, tfab_strerror(rc));
+			break;
+		}
+		tfab__caps_path_name(tfab_ep_caps(ep), out[i].name, sizeof(out[i].name));
+		snprintf(out[i].fabric, sizeof(out[i].fabric), "%s", tfab_ep_caps(ep)->fabric);
+		snprintf(out[i].domain, sizeof(out[i].domain), "%s", tfab_ep_caps(ep)->domain);
+		tfab_ep_close(ep);
+		*n_p = i + 1;
+	}
+	return rc;
 }
 
 static void usage(FILE *f)
@@ -60,7 +76,8 @@ int main(int argc, char **argv)
 	const struct tfab_provider_ops *sel = NULL;
 	struct fabric_list fl = {.n = 0};
 	char cfgerr[256] = "", selerr[768] = "", fabric[64] = "";
-	char opened_fabric[64] = "", domain[64] = "";
+	struct path_info paths[TFAB_MAX_PATHS];
+	int npaths = 0;
 	struct tfab_config cfg;
 	size_t nset;
 	const struct tfab_config_entry *table = tfab__config_table(&nset);
@@ -84,8 +101,7 @@ int main(int argc, char **argv)
 		provs[i]->probe(&cfg, NULL, collect, &fl);
 	sel_rc = tfab__provider_select(&cfg, &sel, fabric, sizeof(fabric), selerr, sizeof(selerr));
 	if (sel_rc == 0)
-		sel_rc =
-		    opened(&cfg, opened_fabric, domain, sizeof(domain), selerr, sizeof(selerr));
+		sel_rc = opened(&cfg, paths, &npaths, selerr, sizeof(selerr));
 
 	if (json) {
 		printf("{\"version\":");
@@ -122,10 +138,20 @@ int main(int argc, char **argv)
 			printf("{\"backend\":");
 			json_str(stdout, sel->name);
 			printf(",\"fabric\":");
-			json_str(stdout, opened_fabric);
+			json_str(stdout, paths[0].fabric);
 			printf(",\"domain\":");
-			json_str(stdout, domain);
-			printf("}");
+			json_str(stdout, paths[0].domain);
+			printf("},\"paths\":[");
+			for (int i = 0; i < npaths; i++) {
+				printf("%s{\"name\":", i ? "," : "");
+				json_str(stdout, paths[i].name);
+				printf(",\"fabric\":");
+				json_str(stdout, paths[i].fabric);
+				printf(",\"domain\":");
+				json_str(stdout, paths[i].domain);
+				printf("}");
+			}
+			printf("]");
 		} else {
 			printf("null,\"error\":");
 			json_str(stdout, selerr);
@@ -173,9 +199,16 @@ int main(int argc, char **argv)
 		printf("\nSelected: ");
 		if (sel_rc == 0)
 			printf("%s%s%s\n  opens %s on %s\n", sel->name, fabric[0] ? ":" : "",
-			       fabric, opened_fabric, domain);
+			       fabric, paths[0].fabric, paths[0].domain);
 		else
 			printf("none\n");
+		printf("\nPaths (a context opens each; a peer takes the first that both sides have"
+		       " and that reaches it):\n");
+		if (sel_rc || !npaths)
+			printf("  none\n");
+		for (int i = 0; sel_rc == 0 && i < npaths; i++)
+			printf("  %d. %-10s %s on %s\n", i + 1, paths[i].name, paths[i].fabric,
+			       paths[i].domain);
 		printf("\nSettings:\n");
 		for (size_t i = 0; i < nset; i++) {
 			char cur[128];

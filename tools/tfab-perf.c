@@ -2,7 +2,8 @@
  * tfab-perf: transfer benchmarks between two processes. By default it forks a local pair
  * (over a socketpair for the bootstrap); --listen PORT and --connect HOST:PORT run the two
  * sides on two machines. The client drives: it sends the plan (test, sizes, iterations,
- * window) to the server, and prints one row (or one JSON object) per size.
+ * window) to the server, and prints one row (or one JSON object) per size. The memcpy test,
+ * the bound of the others on one host, runs in the client's process alone, before the pair.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -78,11 +79,14 @@ static void usage(FILE *f)
 {
 	fprintf(
 	    f,
-	    "usage: tfab-perf [raw|tensor|all] [options]\n"
+	    "usage: tfab-perf [memcpy|raw|tensor|all] [options]\n"
 	    "  Measures bandwidth and latency between two processes:\n"
+	    "    memcpy   one thread copying between two buffers in one process: the bound of\n"
+	    "             a same-host transfer (no fabric, no second process)\n"
 	    "    raw      writes with immediate through the provider interface\n"
 	    "    tensor   whole tensors through the engine (request, meta-data, content write)\n"
-	    "    all      raw, then tensor (the default)\n"
+	    "    all      memcpy, raw, then tensor (the default)\n"
+	    "  A comma-separated list (memcpy,raw) runs those, always in the order above.\n"
 	    "  Without --listen/--connect it starts a local pair of processes itself.\n\n"
 	    "  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
 	    "  -n, --iters N        transfers per size (default about 2 GiB per size, at least 32\n"
@@ -93,7 +97,8 @@ static void usage(FILE *f)
 	    "                       (default: TFAB_PROVIDER from the environment, else auto)\n"
 	    "      --verify         check every byte that arrives (default off): raw checks the\n"
 	    "                       data and every immediate, tensor every tensor against the\n"
-	    "                       pattern its sender filled it with\n"
+	    "                       pattern its sender filled it with, memcpy the destination\n"
+	    "                       against the source after the copies\n"
 	    "      --device D       tensor test buffers: cpu (default) or cuda (GPU memory, sent\n"
 	    "                       and received through the host proxy path)\n"
 	    "      --heap-dst       raw: write into malloc'd destinations even where the backend\n"
@@ -106,7 +111,9 @@ static void usage(FILE *f)
 	    "  -h, --help\n\n"
 	    "JSON fields: test, backend, fabric, domain, bytes, iters, window, gbps (gigabits per\n"
 	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified\n"
-	    "(null without --verify); tensor adds copies and meta_misses.\n");
+	    "(null without --verify); tensor adds copies and meta_misses. memcpy rows have\n"
+	    "backend memcpy, window 1 and lat_us the time of one copy; -n, -s and --verify\n"
+	    "apply to them, the fabric's options do not.\n");
 }
 
 static int parse_sizes(const char *text, struct perf_opts *o)
@@ -128,6 +135,44 @@ static int parse_sizes(const char *text, struct perf_opts *o)
 	}
 	free(copy);
 	return rc || o->nsizes == 0 ? -EINVAL : 0;
+}
+
+/* A test, or a comma-separated list of them. */
+static int parse_tests(const char *text, unsigned *tests_p)
+{
+	static const struct {
+		const char *name;
+		unsigned tests;
+	} names[] = {
+	    {"memcpy", PERF_MEMCPY},
+	    {"raw", PERF_RAW},
+	    {"tensor", PERF_TENSOR},
+	    {"all", PERF_MEMCPY | PERF_RAW | PERF_TENSOR},
+	};
+	const char *p = text;
+	unsigned tests = 0;
+
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		unsigned t = 0;
+
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+			if (strlen(names[i].name) == len && strncmp(p, names[i].name, len) == 0)
+				t = names[i].tests;
+		if (!t) {
+			fprintf(
+			    stderr,
+			    "tfab-perf: unknown test '%.*s' (tests: memcpy, raw, tensor, all)\n",
+			    (int)len, p);
+			return -EINVAL;
+		}
+		tests |= t;
+		if (!p[len])
+			break;
+		p += len + 1;
+	}
+	*tests_p = tests;
+	return 0;
 }
 
 static int parse_args(int argc, char **argv, struct perf_opts *o, const char **provider_p)
@@ -160,7 +205,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	int c;
 
 	parse_sizes("8,4K,64K,1M,64M", o);
-	o->tests = PERF_RAW | PERF_TENSOR;
+	o->tests = PERF_MEMCPY | PERF_RAW | PERF_TENSOR;
 	o->timeout_ms = 120000;
 	while ((c = getopt_long(argc, argv, "s:n:w:p:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -218,23 +263,15 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			return 2;
 		}
 	}
-	if (optind < argc) {
-		const char *t = argv[optind++];
-
-		if (strcmp(t, "raw") == 0)
-			o->tests = PERF_RAW;
-		else if (strcmp(t, "tensor") == 0)
-			o->tests = PERF_TENSOR;
-		else if (strcmp(t, "all") == 0 || strcmp(t, "raw,tensor") == 0)
-			o->tests = PERF_RAW | PERF_TENSOR;
-		else {
-			fprintf(stderr, "tfab-perf: unknown test '%s' (tests: raw, tensor, all)\n",
-				t);
-			return 2;
-		}
-	}
+	if (optind < argc && parse_tests(argv[optind++], &o->tests))
+		return 2;
 	if (optind < argc || (o->listen_port && o->connect_to)) {
 		usage(stderr);
+		return 2;
+	}
+	if (o->tests == PERF_MEMCPY && (o->listen_port || o->connect_to)) {
+		fprintf(stderr, "tfab-perf: memcpy runs in one process: --listen and --connect "
+				"need raw or tensor\n");
 		return 2;
 	}
 	o->progress = !o->json && isatty(STDERR_FILENO);
@@ -246,7 +283,7 @@ static void send_plan(struct wire *w, const struct perf_opts *o)
 	w->len = 0;
 	w->bad = false;
 	put(w, PLAN_MAGIC, 4);
-	put(w, o->tests, 1);
+	put(w, o->tests & (PERF_RAW | PERF_TENSOR), 1);
 	put(w, o->iters, 4);
 	put(w, o->window, 4);
 	put(w, o->verify, 1);
@@ -566,15 +603,19 @@ static int check_provider(const struct tfab_config *cfg, char *err, size_t errle
 
 int main(int argc, char **argv)
 {
-	struct perf_opts o = {.tests = PERF_RAW | PERF_TENSOR};
+	struct perf_opts o = {.tests = PERF_MEMCPY | PERF_RAW | PERF_TENSOR};
 	struct perf_pair p = {.sock = -1};
 	const char *provider = NULL;
+	bool memcpy_failed = false;
 	char err[1024];
 	int rc;
 
 	rc = parse_args(argc, argv, &o, &provider);
 	if (rc)
 		return rc;
+	/* memcpy alone: no settings, no provider, no pair. */
+	if (o.tests == PERF_MEMCPY)
+		return perf_memcpy_run(&o) ? 1 : 0;
 	if (tfab__config_init(&p.cfg, err, sizeof(err))) {
 		fprintf(stderr, "tfab-perf: %s\n", err);
 		return 1;
@@ -592,6 +633,13 @@ int main(int argc, char **argv)
 	if (check_provider(&p.cfg, err, sizeof(err))) {
 		fprintf(stderr, "tfab-perf: %s\n", err);
 		return 1;
+	}
+	/* The bound first, on the reporting side, while no other process of ours runs. */
+	if ((o.tests & PERF_MEMCPY) && !o.listen_port) {
+		rc = perf_memcpy_run(&o);
+		if (rc && rc != -EIO)
+			return 1;
+		memcpy_failed = rc != 0;
 	}
 
 	if (o.listen_port || o.connect_to) {
@@ -632,7 +680,7 @@ int main(int argc, char **argv)
 		}
 		rc = side_main(&p, &o, false);
 		pair_close(&p);
-		return rc ? 1 : 0;
+		return rc || memcpy_failed ? 1 : 0;
 	}
 
 	/* A local pair: the child serves, the parent drives and reports. */
@@ -667,5 +715,5 @@ int main(int argc, char **argv)
 		fprintf(stderr, "tfab-perf: the server process failed\n");
 		rc = -EIO;
 	}
-	return rc ? 1 : 0;
+	return rc || memcpy_failed ? 1 : 0;
 }

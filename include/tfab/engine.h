@@ -62,9 +62,16 @@ TFAB_EXPORT int tfab_connect(struct tfab_context *ctx, const char *host, uint16_
  * tfab_peer_connect().
  */
 TFAB_EXPORT int tfab_peer_create(struct tfab_context *ctx, struct tfab_peer **peer_p);
+/* The longest blob tfab_peer_blob writes (the blob of every path this context opened). */
+#define TFAB_PEER_BLOB_MAX 4608
 /* *len_p in: capacity; out: bytes. -ENOSPC when buf is too small. */
 TFAB_EXPORT int tfab_peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p);
 TFAB_EXPORT int tfab_peer_connect(struct tfab_peer *peer, const void *blob, size_t len);
+/*
+ * The path a connected peer is on ("shm", "verbs", "ofi:tcp"): the first in TFAB_PROVIDER's
+ * order that both sides have and that reaches between them; NULL before it is connected.
+ */
+TFAB_EXPORT const char *tfab_peer_path(const struct tfab_peer *peer);
 /* Fails the peer's pending operations with -TFAB_ERR_ABORTED and frees it. */
 TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
 
@@ -179,7 +186,12 @@ struct tfab_stats {
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);
 
-/* What the context runs on: "ofi", "tcp;ofi_rxm", "lo". Valid for the context's life. */
+/*
+ * The paths the context opened, one per entry of TFAB_PROVIDER ("auto": every usable one),
+ * in its order of preference: up to max names into names; returns how many there are.
+ */
+TFAB_EXPORT int tfab_context_paths(struct tfab_context *ctx, const char **names, int max);
+/* What its first path runs on: "ofi", "tcp;ofi_rxm", "lo". Valid for the context's life. */
 TFAB_EXPORT const char *tfab_context_backend(struct tfab_context *ctx);
 TFAB_EXPORT const char *tfab_context_fabric(struct tfab_context *ctx);
 TFAB_EXPORT const char *tfab_context_domain(struct tfab_context *ctx);

@@ -174,14 +174,19 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	int total = 0;
 
 	for (int round = 0; round < POLL_ROUNDS; round++) {
-		int n = tfab_ep_poll(ctx->ep, ev, POLL_EVENTS);
+		bool more = false;
 
-		if (n < 0)
-			return n;
-		for (int i = 0; i < n; i++)
-			dispatch(ctx, &ev[i]);
-		total += n;
-		if (n < POLL_EVENTS)
+		for (unsigned p = 0; p < ctx->npaths; p++) {
+			int n = tfab_ep_poll(ctx->paths[p].ep, ev, POLL_EVENTS);
+
+			if (n < 0)
+				return n;
+			for (int i = 0; i < n; i++)
+				dispatch(ctx, &ev[i]);
+			total += n;
+			more |= n == POLL_EVENTS;
+		}
+		if (!more)
 			break;
 	}
 	tfab__sends_retry(ctx);
@@ -256,19 +261,11 @@ int tfab_context_create(struct tfab_context **ctx_p)
 		TFAB_ERROR(SUBSYS, "%s", err);
 		goto err;
 	}
-	rc = tfab__provider_open(&ctx->cfg, false, &ctx->ops, &ctx->ep, err, sizeof(err));
+	rc = tfab__paths_open(ctx, err, sizeof(err));
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "%s", err);
-		ctx->ops = NULL;
 		goto err;
 	}
-	ctx->caps = tfab_ep_caps(ctx->ep);
-	rc = tfab__mr_cache_create(ctx->ops, ctx->ep, ctx->cfg.mr_cache_entries, &ctx->mr_cache);
-	if (rc)
-		goto err;
-	rc = tfab__pool_create(ctx->ops, ctx->ep, ctx->cfg.pool_cache, &ctx->pool);
-	if (rc)
-		goto err;
 	rc = tfab__htable_init(&ctx->sends, 1024);
 	if (rc)
 		goto err;
@@ -281,19 +278,15 @@ int tfab_context_create(struct tfab_context **ctx_p)
 			goto err;
 		ctx->thread_running = true;
 	}
-	TFAB_INFO(SUBSYS, "context on %s %s (%s)", ctx->caps->backend, ctx->caps->fabric,
-		  ctx->caps->domain);
+	for (unsigned i = 0; i < ctx->npaths; i++)
+		TFAB_INFO(SUBSYS, "context path %u: %s (%s on %s)", i, ctx->paths[i].name,
+			  ctx->paths[i].caps->fabric, ctx->paths[i].caps->domain);
 	*ctx_p = ctx;
 	return 0;
 err:
 	tfab__htable_fini(&ctx->sends);
 	tfab__htable_fini(&ctx->parked);
-	if (ctx->pool)
-		tfab__pool_destroy(ctx->pool);
-	if (ctx->mr_cache)
-		tfab__mr_cache_destroy(ctx->mr_cache);
-	if (ctx->ops)
-		tfab_ep_close(ctx->ep);
+	tfab__paths_close(ctx);
 	tfab__cuda_close(ctx->cuda);
 	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
@@ -419,10 +412,8 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			  n);
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
-	tfab__pool_trim(ctx->pool);
-	if (tfab__pool_destroy(ctx->pool) || tfab__mr_cache_destroy(ctx->mr_cache))
+	if (tfab__paths_close(ctx))
 		TFAB_WARN(SUBSYS, "registrations still in use at destroy");
-	tfab_ep_close(ctx->ep);
 	tfab__cuda_close(ctx->cuda);
 	tfab__htable_fini(&ctx->sends);
 	tfab__htable_fini(&ctx->parked);
@@ -485,7 +476,9 @@ int tfab_mr_invalidate(struct tfab_context *ctx, const void *addr, size_t len)
 	if (!ctx || !addr || !len)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
-	rc = tfab__mr_cache_invalidate(ctx->mr_cache, addr, len);
+	rc = 0;
+	for (unsigned i = 0; i < ctx->npaths && rc >= 0; i++)
+		rc = tfab__mr_cache_invalidate(ctx->paths[i].mr_cache, addr, len);
 	tfab__ctx_unlock(ctx);
 	return rc < 0 ? rc : 0;
 }
@@ -499,26 +492,45 @@ int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p)
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
 	*stats_p = ctx->stats;
-	tfab__mr_cache_get_stats(ctx->mr_cache, &mc);
+	stats_p->mr_hits = stats_p->mr_misses = 0;
+	for (unsigned i = 0; i < ctx->npaths; i++) {
+		tfab__mr_cache_get_stats(ctx->paths[i].mr_cache, &mc);
+		stats_p->mr_hits += mc.hits;
+		stats_p->mr_misses += mc.misses;
+		stats_p->mr_registrations += mc.registrations;
+	}
 	tfab__pool_get_stats(ctx->pool, &ps);
-	stats_p->mr_hits = mc.hits;
-	stats_p->mr_misses = mc.misses;
-	stats_p->mr_registrations += mc.registrations + ps.registrations;
+	stats_p->mr_registrations += ps.registrations;
 	tfab__ctx_unlock(ctx);
 	return 0;
 }
 
+/* The first path's, as before a context had several. */
 const char *tfab_context_backend(struct tfab_context *ctx)
 {
-	return ctx ? ctx->caps->backend : NULL;
+	return ctx ? ctx->paths[0].caps->backend : NULL;
 }
 
 const char *tfab_context_fabric(struct tfab_context *ctx)
 {
-	return ctx ? ctx->caps->fabric : NULL;
+	return ctx ? ctx->paths[0].caps->fabric : NULL;
 }
 
 const char *tfab_context_domain(struct tfab_context *ctx)
 {
-	return ctx ? ctx->caps->domain : NULL;
+	return ctx ? ctx->paths[0].caps->domain : NULL;
+}
+
+int tfab_context_paths(struct tfab_context *ctx, const char **names, int max)
+{
+	if (!ctx || max < 0 || (max && !names))
+		return -EINVAL;
+	for (unsigned i = 0; i < ctx->npaths && (int)i < max; i++)
+		names[i] = ctx->paths[i].name;
+	return (int)ctx->npaths;
+}
+
+const char *tfab_peer_path(const struct tfab_peer *peer)
+{
+	return peer && peer->path ? peer->path->name : NULL;
 }

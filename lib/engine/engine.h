@@ -54,11 +54,25 @@ struct tfab_meta_entry {
 	char key[];
 };
 
+/*
+ * One path: an open endpoint of one backend (and fabric), with the registrations made on it.
+ * A context opens one per entry of TFAB_PROVIDER; each peer goes over one of them.
+ */
+struct tfab_path {
+	struct tfab_ep *ep;
+	const struct tfab_caps *caps;
+	struct tfab_mr_cache *mr_cache;
+	unsigned index;				/* in ctx->paths, and the pool's */
+	char name[TFAB_WIRE_MAX_PATH_NAME + 1]; /* "shm", "verbs", "ofi:tcp" */
+	uint64_t peers;				/* connected over it, ever */
+};
+
 struct tfab_peer {
 	struct tfab_context *ctx;
-	struct tfab_list link; /* ctx->peers */
-	uint32_t id;	       /* ours: the peer writes it into its immediates to us */
-	uint32_t remote_id;    /* the peer's id for us */
+	struct tfab_list link;	/* ctx->peers */
+	uint32_t id;		/* ours: the peer writes it into its immediates to us */
+	uint32_t remote_id;	/* the peer's id for us */
+	struct tfab_path *path; /* the path it is on, once connected */
 	struct tfab_conn *conn;
 	bool connected;
 	int failed;	       /* 0, or the status its operations fail with */
@@ -66,13 +80,17 @@ struct tfab_peer {
 	uint64_t closed_at_ms; /* when the bootstrap connection closed, or 0 */
 	/* Our inbox: the peer writes messages into it. */
 	uint8_t *inbox;
-	struct tfab_mr *inbox_mr;
+	size_t rings_len;	  /* bytes of the inbox, and of the outbox */
+	struct tfab_ep *mem_ep;	  /* whose mem_alloc they came from, or NULL: the heap */
+	struct tfab_mr *inbox_mr; /* on the peer's path, once connected */
+	struct tfab_mr *inbox_mrs[TFAB_MAX_PATHS]; /* until then, on every path */
 	uint32_t rx_next;	/* next sequence number of the contiguous prefix */
 	uint32_t rx_unreturned; /* consumed, credit not yet returned */
 	uint8_t *rx_consumed;	/* per slot: consumed out of order */
 	/* Our outbox: the source of our messages to the peer. */
 	uint8_t *outbox;
 	struct tfab_mr *outbox_mr;
+	struct tfab_mr *outbox_mrs[TFAB_MAX_PATHS];
 	struct tfab_outbox_slot *oslots;
 	uint32_t tx_seq;	  /* next message number */
 	uint32_t tx_acked;	  /* credits returned by the peer, cumulative */
@@ -207,10 +225,8 @@ struct tfab_send {
 struct tfab_context {
 	pthread_mutex_t lock;
 	struct tfab_config cfg;
-	const struct tfab_provider_ops *ops;
-	struct tfab_ep *ep;
-	const struct tfab_caps *caps;
-	struct tfab_mr_cache *mr_cache;
+	struct tfab_path paths[TFAB_MAX_PATHS]; /* in TFAB_PROVIDER's order */
+	unsigned npaths;
 	struct tfab_pool *pool;
 	struct tfab_list peers;
 	uint32_t next_peer_id;
@@ -255,6 +271,28 @@ void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
 /* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */
 void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline);
+
+/* path.c */
+/* Open the paths TFAB_PROVIDER names (ctx->cfg), in its order; on failure says why in err. */
+int tfab__paths_open(struct tfab_context *ctx, char *err, size_t errlen);
+/* Close them; -EBUSY (leaving them) while registrations remain. */
+int tfab__paths_close(struct tfab_context *ctx);
+/* The path whose endpoint is ep (a region's mr->ep), or NULL. */
+struct tfab_path *tfab__path_of_ep(struct tfab_context *ctx, const struct tfab_ep *ep);
+/* The registration cache a region of it came from. */
+static inline struct tfab_mr_cache *tfab__mr_cache_of(struct tfab_context *ctx,
+						      const struct tfab_mr *mr)
+{
+	return tfab__path_of_ep(ctx, mr->ep)->mr_cache;
+}
+/* This host's identity, as the connection blob carries it (NUL-terminated). */
+const char *tfab__host_id(void);
+/*
+ * The path a pair takes, the same on both sides (doc/protocol.md): the index of ours in
+ * ctx->paths, or -TFAB_ERR_NO_FABRIC with both lists in why.
+ */
+int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *theirs, char *why,
+		      size_t whylen);
 
 /* peer.c */
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
@@ -322,13 +360,13 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
 /*
- * Offer data with meta under (key, step), to peer `to` alone or (NULL) to any. With pool_mr,
- * data is a pool block (pool_mr its region) that the send owns from here on, even when this
- * fails.
+ * Offer data with meta under (key, step), to peer `to` alone or (NULL) to any. With
+ * data_pool, data is a pool block that the send owns from here on, even when this fails (it
+ * is registered on the path of the peer that takes it).
  */
 int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key, int64_t step,
-		     const struct tfab_wire_meta *meta, void *data, struct tfab_mr *pool_mr,
-		     bool gpu, tfab_send_cb cb, void *arg);
+		     const struct tfab_wire_meta *meta, void *data, bool data_pool, bool gpu,
+		     tfab_send_cb cb, void *arg);
 /* Free a finished send and what it owns. */
 void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
 

@@ -48,6 +48,54 @@ static int register_peer_id(struct tfab_context *ctx, struct tfab_peer *peer)
 	return 0;
 }
 
+/*
+ * The inbox and outbox: from a path's shared memory where one offers it (a peer on that path
+ * then writes our inbox in one copy; other paths register it like any memory), else the heap.
+ */
+static int peer_rings_alloc(struct tfab_peer *peer, size_t bytes)
+{
+	struct tfab_context *ctx = peer->ctx;
+
+	for (unsigned i = 0; i < ctx->npaths; i++) {
+		struct tfab_ep *ep = ctx->paths[i].ep;
+
+		if (!ep->ops->mem_alloc || !ep->ops->mem_free)
+			continue;
+		if (ep->ops->mem_alloc(ep, bytes, (void **)&peer->inbox))
+			break;
+		if (ep->ops->mem_alloc(ep, bytes, (void **)&peer->outbox)) {
+			ep->ops->mem_free(ep, peer->inbox, bytes);
+			peer->inbox = NULL;
+			break;
+		}
+		peer->mem_ep = ep;
+		peer->rings_len = bytes;
+		return 0;
+	}
+	if (posix_memalign((void **)&peer->inbox, 4096, bytes) ||
+	    posix_memalign((void **)&peer->outbox, 4096, bytes)) {
+		free(peer->inbox);
+		peer->inbox = NULL;
+		return -ENOMEM;
+	}
+	peer->rings_len = bytes;
+	return 0;
+}
+
+static void peer_rings_free(struct tfab_peer *peer)
+{
+	if (peer->mem_ep) {
+		if (peer->inbox)
+			peer->mem_ep->ops->mem_free(peer->mem_ep, peer->inbox, peer->rings_len);
+		if (peer->outbox)
+			peer->mem_ep->ops->mem_free(peer->mem_ep, peer->outbox, peer->rings_len);
+	} else {
+		free(peer->inbox);
+		free(peer->outbox);
+	}
+	peer->inbox = peer->outbox = NULL;
+}
+
 void tfab__peer_free(struct tfab_peer *peer)
 {
 	struct tfab_context *ctx;
@@ -79,10 +127,11 @@ void tfab__peer_free(struct tfab_peer *peer)
 	free(peer->taken);
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
-	tfab_mr_dereg(peer->inbox_mr);
-	tfab_mr_dereg(peer->outbox_mr);
-	free(peer->inbox);
-	free(peer->outbox);
+	for (unsigned i = 0; i < TFAB_MAX_PATHS; i++) {
+		tfab_mr_dereg(peer->inbox_mrs[i]);
+		tfab_mr_dereg(peer->outbox_mrs[i]);
+	}
+	peer_rings_free(peer);
 	free(peer->oslots);
 	free(peer->rx_consumed);
 	if (peer->sock >= 0)
@@ -110,10 +159,10 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 		rc = tfab__htable_init(&peer->answers, 64);
 	if (rc)
 		goto err;
-	rc = -ENOMEM;
-	if (posix_memalign((void **)&peer->inbox, 4096, r * SLOT_SIZE) ||
-	    posix_memalign((void **)&peer->outbox, 4096, r * SLOT_SIZE))
+	rc = peer_rings_alloc(peer, r * SLOT_SIZE);
+	if (rc)
 		goto err;
+	rc = -ENOMEM;
 	memset(peer->inbox, 0, r * SLOT_SIZE);
 	memset(peer->outbox, 0, r * SLOT_SIZE);
 	peer->oslots = calloc(r, sizeof(*peer->oslots));
@@ -124,15 +173,18 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 		peer->oslots[i].w.kind = TFAB_WCTX_CTRL;
 		peer->oslots[i].peer = peer;
 	}
-	rc =
-	    tfab_mr_reg(ctx->ep, peer->inbox, r * SLOT_SIZE, TFAB_MR_REMOTE_WRITE, &peer->inbox_mr);
-	if (rc)
-		goto err;
-	rc = tfab_mr_reg(ctx->ep, peer->outbox, r * SLOT_SIZE, TFAB_MR_LOCAL_WRITE,
-			 &peer->outbox_mr);
-	if (rc)
-		goto err;
-	ctx->stats.mr_registrations += 2;
+	/* On every path until the peer's is known (its blob offers them all). */
+	for (unsigned i = 0; i < ctx->npaths; i++) {
+		rc = tfab_mr_reg(ctx->paths[i].ep, peer->inbox, r * SLOT_SIZE, TFAB_MR_REMOTE_WRITE,
+				 &peer->inbox_mrs[i]);
+		if (rc)
+			goto err;
+		rc = tfab_mr_reg(ctx->paths[i].ep, peer->outbox, r * SLOT_SIZE, TFAB_MR_LOCAL_WRITE,
+				 &peer->outbox_mrs[i]);
+		if (rc)
+			goto err;
+		ctx->stats.mr_registrations += 2;
+	}
 	rc = register_peer_id(ctx, peer);
 	if (rc)
 		goto err;
@@ -147,29 +199,65 @@ err:
 static int peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p)
 {
 	struct tfab_context *ctx = peer->ctx;
-	uint8_t addr[TFAB_WIRE_MAX_ADDR];
-	size_t alen = sizeof(addr);
+	uint8_t addr[TFAB_MAX_PATHS][TFAB_WIRE_MAX_ADDR];
+	const char *host = tfab__host_id();
 	struct tfab_wire_blob b = {
-	    .ring_raddr = peer->inbox_mr->raddr,
-	    .ring_rkey = peer->inbox_mr->rkey,
 	    .ring_slots = (uint32_t)slots_of(ctx),
 	    .slot_size = SLOT_SIZE,
 	    .peer_id = peer->id,
+	    .host_len = (uint16_t)strlen(host),
+	    .host = host,
+	    .npaths = (uint16_t)ctx->npaths,
 	};
-	int rc = tfab_ep_get_addr(ctx->ep, addr, &alen);
 
-	if (rc)
-		return rc;
-	b.addr_len = (uint16_t)alen;
-	b.addr = addr;
+	if (peer->connected)
+		return -EISCONN;
+	for (unsigned i = 0; i < ctx->npaths; i++) {
+		const struct tfab_path *p = &ctx->paths[i];
+		struct tfab_wire_path *w = &b.paths[i];
+		size_t alen = sizeof(addr[i]);
+		int rc = tfab_ep_get_addr(p->ep, addr[i], &alen);
+
+		if (rc)
+			return rc;
+		*w = (struct tfab_wire_path){
+		    .ring_raddr = peer->inbox_mrs[i]->raddr,
+		    .ring_rkey = peer->inbox_mrs[i]->rkey,
+		    .name_len = (uint8_t)strlen(p->name),
+		    .same_host = p->caps->same_host,
+		    .addr_len = (uint16_t)alen,
+		    .name = p->name,
+		    .addr = addr[i],
+		};
+	}
 	return tfab__wire_blob_encode(&b, buf, *len_p, len_p);
+}
+
+/* The peer is on path i now: its regions on the other paths go. */
+static void peer_bind(struct tfab_peer *peer, unsigned i)
+{
+	struct tfab_context *ctx = peer->ctx;
+
+	peer->path = &ctx->paths[i];
+	peer->path->peers++;
+	peer->inbox_mr = peer->inbox_mrs[i];
+	peer->outbox_mr = peer->outbox_mrs[i];
+	for (unsigned j = 0; j < TFAB_MAX_PATHS; j++) {
+		if (j == i)
+			continue;
+		tfab_mr_dereg(peer->inbox_mrs[j]);
+		tfab_mr_dereg(peer->outbox_mrs[j]);
+		peer->inbox_mrs[j] = peer->outbox_mrs[j] = NULL;
+	}
 }
 
 static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 {
 	struct tfab_context *ctx = peer->ctx;
 	struct tfab_wire_blob b;
-	int rc;
+	const struct tfab_wire_path *w = NULL;
+	char why[512];
+	int rc, i;
 
 	if (peer->connected)
 		return -EISCONN;
@@ -179,17 +267,27 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 			   rc == -TFAB_ERR_VERSION ? "of another protocol version" : "malformed");
 		return rc;
 	}
-	rc = tfab_ep_connect(ctx->ep, b.addr, b.addr_len, &peer->conn);
+	i = tfab__path_choose(ctx, &b, why, sizeof(why));
+	if (i < 0) {
+		TFAB_ERROR(SUBSYS, "peer %u: %s", peer->id, why);
+		return i;
+	}
+	for (unsigned j = 0; j < b.npaths; j++)
+		if (b.paths[j].name_len == strlen(ctx->paths[i].name) &&
+		    memcmp(b.paths[j].name, ctx->paths[i].name, b.paths[j].name_len) == 0)
+			w = &b.paths[j];
+	rc = tfab_ep_connect(ctx->paths[i].ep, w->addr, w->addr_len, &peer->conn);
 	if (rc)
 		return rc;
-	peer->remote_raddr = b.ring_raddr;
-	peer->remote_rkey = b.ring_rkey;
+	peer_bind(peer, (unsigned)i);
+	peer->remote_raddr = w->ring_raddr;
+	peer->remote_rkey = w->ring_rkey;
 	peer->remote_slots = b.ring_slots;
 	peer->remote_slot_size = b.slot_size;
 	peer->remote_id = b.peer_id;
 	peer->connected = true;
-	TFAB_DEBUG(SUBSYS, "peer %u: connected on %s (its inbox: %u slots; its id for us: %u)",
-		   peer->id, ctx->caps->fabric, b.ring_slots, b.peer_id);
+	TFAB_DEBUG(SUBSYS, "peer %u: connected on %s (%s; its inbox: %u slots; its id for us: %u)",
+		   peer->id, peer->path->name, peer->path->caps->fabric, b.ring_slots, b.peer_id);
 	tfab__peers_flush(ctx);
 	return 0;
 }
@@ -270,7 +368,7 @@ int tfab_peer_destroy(struct tfab_peer *peer)
  */
 static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tfab_peer **peer_p)
 {
-	uint8_t mine[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR], theirs[sizeof(mine)];
+	uint8_t mine[TFAB_PEER_BLOB_MAX], theirs[sizeof(mine)];
 	static const uint8_t connected = 'C';
 	size_t mlen = sizeof(mine);
 	uint32_t tlen;
@@ -530,7 +628,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 		return;
 	while (peer->rx_unreturned && peer->connected && !peer->failed) {
 		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
-		bool inject = ctx->caps->inject_size > 0;
+		bool inject = peer->path->caps->inject_size > 0;
 		int rc = tfab_conn_write_imm(peer->conn, peer->outbox, 0, peer->outbox_mr,
 					     peer->remote_raddr, peer->remote_rkey,
 					     tfab__imm_credit(peer->remote_id, n),

@@ -6,8 +6,13 @@
  * pointer handed to the caller back to its block in O(1) on average; the block itself carries
  * no header, since all of it is the tensor. The free lists, the hash and the counters are under
  * the pool's mutex, because tfab__pool_free runs on any thread. Provider calls (register,
- * deregister) happen only in alloc, trim and destroy, which the engine serialises, and never
- * with the mutex held.
+ * deregister) happen only in alloc, mr, trim and destroy, which the engine serialises, and
+ * never with the mutex held.
+ *
+ * A block is registered on each endpoint (path) it goes to, lazily: on the one alloc names,
+ * and on another when tfab__pool_mr first asks for it there, so one block can serve peers on
+ * different paths. Where an endpoint offers memory its peers write with one copy (mem_alloc),
+ * blocks come from there.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -30,15 +35,17 @@ struct pool_block {
 	void *buf;
 	size_t size;
 	int cls;
-	bool out; /* handed out; else on its free list */
-	struct tfab_mr *mr;
-	struct pool_block *next;  /* free list, or trim's victims */
-	struct pool_block *hnext; /* hash */
+	bool out;			    /* handed out; else on its free list */
+	bool shared;			    /* from the mem_alloc endpoint, else from the heap */
+	struct tfab_mr *mr[TFAB_MAX_PATHS]; /* per endpoint, NULL until used there */
+	struct pool_block *next;	    /* free list, or trim's victims */
+	struct pool_block *hnext;	    /* hash */
 };
 
 struct tfab_pool {
-	const struct tfab_provider_ops *ops;
-	struct tfab_ep *ep;
+	struct tfab_ep *eps[TFAB_MAX_PATHS];
+	unsigned neps;
+	struct tfab_ep *mem_ep; /* where blocks come from, or NULL for the heap */
 	size_t max_cached;
 	size_t align;
 
@@ -128,23 +135,51 @@ static void hash_del(struct tfab_pool *p, struct pool_block *b)
 /* Not under the lock: the block is in no list or table. */
 static void block_release(struct tfab_pool *p, struct pool_block *b)
 {
-	int rc = p->ops->mr_dereg(b->mr);
+	for (unsigned i = 0; i < p->neps; i++) {
+		int rc = b->mr[i] ? p->eps[i]->ops->mr_dereg(b->mr[i]) : 0;
 
-	if (rc)
-		TFAB_WARN(SUBSYS, "deregistering a %zu-byte block: %s", b->size, tfab_strerror(rc));
-	free(b->buf);
+		if (rc)
+			TFAB_WARN(SUBSYS, "deregistering a %zu-byte block: %s", b->size,
+				  tfab_strerror(rc));
+	}
+	if (b->shared)
+		p->mem_ep->ops->mem_free(p->mem_ep, b->buf, b->size);
+	else
+		free(b->buf);
 	free(b);
 }
 
-int tfab__pool_create(const struct tfab_provider_ops *ops, struct tfab_ep *ep, size_t max_cached,
+/* The block's region on endpoint i, registering it there first (engine lock held). */
+static int block_mr(struct tfab_pool *p, struct pool_block *b, unsigned i, struct tfab_mr **mr_p)
+{
+	int rc;
+
+	if (i >= p->neps)
+		return -EINVAL;
+	if (!b->mr[i]) {
+		rc = p->eps[i]->ops->mr_reg(p->eps[i], b->buf, b->size, POOL_ACCESS, &b->mr[i]);
+		if (rc)
+			return rc;
+		pthread_mutex_lock(&p->lock);
+		p->st.registrations++;
+		pthread_mutex_unlock(&p->lock);
+	}
+	*mr_p = b->mr[i];
+	return 0;
+}
+
+int tfab__pool_create(struct tfab_ep *const *eps, unsigned neps, size_t max_cached,
 		      struct tfab_pool **pool_p)
 {
 	struct tfab_pool *p;
 	long pg;
 	int rc;
 
-	if (!ops || !ops->mr_reg || !ops->mr_dereg || !pool_p)
+	if (!eps || neps < 1 || neps > TFAB_MAX_PATHS || !pool_p)
 		return -EINVAL;
+	for (unsigned i = 0; i < neps; i++)
+		if (!eps[i] || !eps[i]->ops->mr_reg || !eps[i]->ops->mr_dereg)
+			return -EINVAL;
 	p = calloc(1, sizeof(*p));
 	if (!p) {
 		rc = -ENOMEM;
@@ -161,8 +196,12 @@ int tfab__pool_create(const struct tfab_provider_ops *ops, struct tfab_ep *ep, s
 		goto err_lock;
 	pg = sysconf(_SC_PAGESIZE);
 	p->align = (pg > 0 && !(pg & (pg - 1))) ? (size_t)pg : 4096;
-	p->ops = ops;
-	p->ep = ep;
+	for (unsigned i = 0; i < neps; i++) {
+		p->eps[i] = eps[i];
+		if (!p->mem_ep && eps[i]->ops->mem_alloc && eps[i]->ops->mem_free)
+			p->mem_ep = eps[i];
+	}
+	p->neps = neps;
 	p->max_cached = max_cached;
 	*pool_p = p;
 	return 0;
@@ -201,12 +240,13 @@ int tfab__pool_destroy(struct tfab_pool *p)
 	return 0;
 }
 
-int tfab__pool_alloc(struct tfab_pool *p, size_t len, void **buf_p, struct tfab_mr **mr_p)
+int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_p,
+		     struct tfab_mr **mr_p)
 {
 	struct pool_block *b;
 	int cls, rc;
 
-	if (!p || !buf_p || !mr_p)
+	if (!p || !buf_p || path >= p->neps)
 		return -EINVAL;
 	cls = size_class(len);
 	if (cls < 0)
@@ -223,8 +263,11 @@ int tfab__pool_alloc(struct tfab_pool *p, size_t len, void **buf_p, struct tfab_
 		p->st.allocs++;
 		p->st.reuses++;
 		pthread_mutex_unlock(&p->lock);
+		if (mr_p && (rc = block_mr(p, b, path, mr_p)) != 0) {
+			tfab__pool_free(p, b->buf);
+			return rc;
+		}
 		*buf_p = b->buf;
-		*mr_p = b->mr;
 		return 0;
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -236,35 +279,39 @@ int tfab__pool_alloc(struct tfab_pool *p, size_t len, void **buf_p, struct tfab_
 	}
 	b->cls = cls;
 	b->size = (size_t)1 << (POOL_MIN_SHIFT + cls);
-	rc = -posix_memalign(&b->buf, p->align, b->size);
+	if (p->mem_ep) {
+		rc = p->mem_ep->ops->mem_alloc(p->mem_ep, b->size, &b->buf);
+		b->shared = rc == 0;
+	} else {
+		rc = -posix_memalign(&b->buf, p->align, b->size);
+	}
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "allocating a %zu-byte block: %s", b->size, tfab_strerror(rc));
 		goto err_mem;
 	}
-	rc = p->ops->mr_reg(p->ep, b->buf, b->size, POOL_ACCESS, &b->mr);
-	if (rc)
-		goto err_reg;
+	if (mr_p) {
+		rc = block_mr(p, b, path, mr_p);
+		if (rc)
+			goto err_reg;
+	}
 
 	pthread_mutex_lock(&p->lock);
 	rc = hash_reserve(p);
 	if (rc) {
 		pthread_mutex_unlock(&p->lock);
-		goto err_hash;
+		goto err_reg;
 	}
 	b->out = true;
 	hash_add(p, b);
-	p->st.registrations++;
 	p->st.blocks_out++;
 	p->st.allocs++;
 	pthread_mutex_unlock(&p->lock);
 	*buf_p = b->buf;
-	*mr_p = b->mr;
 	return 0;
 
-err_hash:
-	p->ops->mr_dereg(b->mr);
 err_reg:
-	free(b->buf);
+	block_release(p, b);
+	return rc;
 err_mem:
 	free(b);
 err_block:
@@ -353,4 +400,14 @@ void tfab__pool_discard(struct tfab_pool *p, void *buf)
 	p->st.blocks_out--;
 	pthread_mutex_unlock(&p->lock);
 	block_release(p, b);
+}
+
+int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr **mr_p)
+{
+	struct pool_block *b;
+
+	if (!p || !buf || !mr_p || !(b = lock_block_out(p, buf, "registered")))
+		return -EINVAL;
+	pthread_mutex_unlock(&p->lock);
+	return block_mr(p, b, path, mr_p);
 }

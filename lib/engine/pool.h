@@ -26,18 +26,27 @@ struct tfab_pool_stats {
 	uint64_t bytes_cached;	/* in free blocks, still registered */
 };
 
-/* max_cached: bytes of free blocks kept registered; more is released. */
-int tfab__pool_create(const struct tfab_provider_ops *ops, struct tfab_ep *ep, size_t max_cached,
+/*
+ * A pool over the context's endpoints (eps[0..neps), one per path; blocks come from the first
+ * that has mem_alloc, else the heap). max_cached: bytes of free blocks kept registered; more
+ * is released.
+ */
+int tfab__pool_create(struct tfab_ep *const *eps, unsigned neps, size_t max_cached,
 		      struct tfab_pool **pool_p);
 
 /* Deregisters and frees everything. -EBUSY (nothing done) while blocks are out. */
 int tfab__pool_destroy(struct tfab_pool *p);
 
 /*
- * A registered block of at least len bytes (len 0 gets the smallest block), page-aligned,
- * with its registration (remote writes allowed). Outputs are written only on success.
+ * A block of at least len bytes (len 0 gets the smallest block), page-aligned, with its
+ * registration on endpoint `path` (an index into the create's eps; remote writes allowed),
+ * unless mr_p is NULL. Outputs are written only on success.
  */
-int tfab__pool_alloc(struct tfab_pool *p, size_t len, void **buf_p, struct tfab_mr **mr_p);
+int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_p,
+		     struct tfab_mr **mr_p);
+
+/* A handed-out block's registration on endpoint `path`, made there at its first use. */
+int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr **mr_p);
 
 /* Return a block from tfab__pool_alloc. Any thread; does not deregister. */
 void tfab__pool_free(struct tfab_pool *p, void *buf);

@@ -95,9 +95,11 @@ static void dest_release(struct tfab_request *r, bool discard)
 		else
 			tfab__pool_free(ctx->pool, r->dest);
 	} else if (r->dest_mr) {
+		struct tfab_mr_cache *c = tfab__mr_cache_of(ctx, r->dest_mr);
+
 		if (discard)
-			tfab__mr_cache_invalidate(ctx->mr_cache, r->dest, r->dest_cap);
-		tfab__mr_cache_put(ctx->mr_cache, r->dest_mr);
+			tfab__mr_cache_invalidate(c, r->dest, r->dest_cap);
+		tfab__mr_cache_put(c, r->dest_mr);
 	}
 	r->dest = NULL;
 	r->dest_mr = NULL;
@@ -215,6 +217,9 @@ static int dest_prepare(struct tfab_request *r)
 
 	if (r->meta.is_dead)
 		return 0;
+	/* A destination is registered on the peer's path, which connecting chose. */
+	if (!r->peer->path)
+		return -ENOTCONN;
 	if (r->user_dest) {
 		struct tfab_wire_meta um;
 		void *data;
@@ -226,7 +231,8 @@ static int dest_prepare(struct tfab_request *r)
 			return rc;
 		if (tfab__on_gpu(r->user_dest)) {
 			/* Through a registered host proxy, copied to the GPU when it is full. */
-			rc = tfab__pool_alloc(ctx->pool, n, &r->dest, &r->dest_mr);
+			rc = tfab__pool_alloc(ctx->pool, r->peer->path->index, n, &r->dest,
+					      &r->dest_mr);
 			if (rc)
 				return rc;
 			r->dest_pool = true;
@@ -234,8 +240,8 @@ static int dest_prepare(struct tfab_request *r)
 			r->gpu_dest = data;
 			return 0;
 		}
-		rc = tfab__mr_cache_get(ctx->mr_cache, data, um.nbytes, TFAB_MR_REMOTE_WRITE,
-					&r->dest_mr);
+		rc = tfab__mr_cache_get(r->peer->path->mr_cache, data, um.nbytes,
+					TFAB_MR_REMOTE_WRITE, &r->dest_mr);
 		if (rc)
 			return rc;
 		r->dest = data;
@@ -244,7 +250,7 @@ static int dest_prepare(struct tfab_request *r)
 	}
 	if (n == 0)
 		return 0;
-	rc = tfab__pool_alloc(ctx->pool, n, &r->dest, &r->dest_mr);
+	rc = tfab__pool_alloc(ctx->pool, r->peer->path->index, n, &r->dest, &r->dest_mr);
 	if (rc)
 		return rc;
 	r->dest_pool = true;

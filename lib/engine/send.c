@@ -197,7 +197,7 @@ static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int statu
 	if (status == 0)
 		ctx->stats.sends++;
 	if (s->mr && !s->in_flight && !s->data_pool && !s->gpu) {
-		tfab__mr_cache_put(ctx->mr_cache, s->mr);
+		tfab__mr_cache_put(tfab__mr_cache_of(ctx, s->mr), s->mr);
 		s->mr = NULL;
 	}
 	if (!s->in_flight)
@@ -242,7 +242,7 @@ static void send_reoffer(struct tfab_context *ctx, struct tfab_send *s)
 		   s->key, (long long)s->step, s->resp.peer->id, s->resp.req_index);
 	untrack(s);
 	if (s->mr && !s->data_pool && !s->gpu) {
-		tfab__mr_cache_put(ctx->mr_cache, s->mr);
+		tfab__mr_cache_put(tfab__mr_cache_of(ctx, s->mr), s->mr);
 		s->mr = NULL;
 	}
 	s->state = TFAB_SEND_WAITING;
@@ -283,7 +283,7 @@ static int stage_start(struct tfab_context *ctx, struct tfab_send *s)
 	int rc;
 
 	if (!s->proxy) {
-		rc = tfab__pool_alloc(ctx->pool, n, &s->proxy, &s->mr);
+		rc = tfab__pool_alloc(ctx->pool, s->resp.peer->path->index, n, &s->proxy, &s->mr);
 		if (rc)
 			return rc;
 	}
@@ -400,8 +400,8 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 			rc = stage_start(ctx, s);
 		else if (rc == 0)
 			rc = s->data_pool
-				 ? 0
-				 : tfab__mr_cache_get(ctx->mr_cache, s->data, s->meta.nbytes,
+				 ? tfab__pool_mr(ctx->pool, s->data, peer->path->index, &s->mr)
+				 : tfab__mr_cache_get(peer->path->mr_cache, s->data, s->meta.nbytes,
 						      TFAB_MR_LOCAL_WRITE, &s->mr);
 		if (rc == 0 && !s->gpu) {
 			rc = post_content(s);
@@ -615,7 +615,7 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 		if (s->in_flight)
 			return;
 		if (s->mr && !s->data_pool && !s->gpu) {
-			tfab__mr_cache_put(ctx->mr_cache, s->mr);
+			tfab__mr_cache_put(tfab__mr_cache_of(ctx, s->mr), s->mr);
 			s->mr = NULL;
 		}
 		send_settle(ctx, s);
@@ -644,7 +644,7 @@ unsigned tfab__sends_abandon(struct tfab_context *ctx)
 		/* Only failed sends whose callbacks have run are left (tfab_context_destroy). */
 		send_settle(ctx, s);
 		if (s->mr && !s->data_pool && !s->gpu)
-			tfab__mr_cache_put(ctx->mr_cache, s->mr);
+			tfab__mr_cache_put(tfab__mr_cache_of(ctx, s->mr), s->mr);
 		s->mr = NULL;
 		if (s->orphan) {
 			ctx->orphans--;
@@ -773,10 +773,9 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 }
 
 int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key,
-		     int64_t step_id, const struct tfab_wire_meta *meta, void *data,
-		     struct tfab_mr *pool_mr, bool gpu, tfab_send_cb cb, void *arg)
+		     int64_t step_id, const struct tfab_wire_meta *meta, void *data, bool data_pool,
+		     bool gpu, tfab_send_cb cb, void *arg)
 {
-	bool data_pool = pool_mr != NULL;
 	struct tfab_response *p;
 	struct tfab_send *s;
 	size_t key_len;
@@ -808,7 +807,6 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	s->state = TFAB_SEND_WAITING;
 	tfab__list_init(&s->link);
 	tfab__list_init(&s->done_link);
-	s->mr = pool_mr; /* a block's own region is the source of its write */
 
 	tfab__ctx_lock(ctx);
 	if (ctx->abort_status) {
@@ -871,7 +869,8 @@ static int send_dltensor(struct tfab_context *ctx, struct tfab_peer *to, const c
 		if (rc)
 			return rc;
 	}
-	return tfab__send_start(ctx, to, key, step_id, &meta, data, NULL, tfab__on_gpu(t), cb, arg);
+	return tfab__send_start(ctx, to, key, step_id, &meta, data, false, tfab__on_gpu(t), cb,
+				arg);
 }
 
 int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,

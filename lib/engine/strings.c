@@ -38,10 +38,9 @@ int64_t tfab_string_tensor_count(const struct tfab_string_tensor *t)
 	return n;
 }
 
-/* Serialize straight into a registered pool block. */
+/* Serialize straight into a pool block (registered on the receiver's path when it asks). */
 struct pool_out {
 	struct tfab_context *ctx;
-	struct tfab_mr *mr;
 };
 
 static int pool_out_alloc(void *arg, size_t len, void **buf_p)
@@ -49,9 +48,9 @@ static int pool_out_alloc(void *arg, size_t len, void **buf_p)
 	struct pool_out *o = arg;
 	int rc;
 
-	/* A new block registers with the fabric, which the engine's lock serialises. */
+	/* The pool's allocator (shared memory) is the engine's: its lock serialises it. */
 	tfab__ctx_lock(o->ctx);
-	rc = tfab__pool_alloc(o->ctx->pool, len, buf_p, &o->mr);
+	rc = tfab__pool_alloc(o->ctx->pool, 0, len, buf_p, NULL);
 	tfab__ctx_unlock(o->ctx);
 	return rc;
 }
@@ -68,7 +67,6 @@ static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const ch
 			tfab_send_cb cb, void *arg)
 {
 	struct tfab_wire_meta meta = {.dtype_code = TFAB_WIRE_DTYPE_STRING};
-	struct tfab_mr *mr = NULL;
 	void *buf = NULL;
 	int64_t count;
 	size_t len;
@@ -85,16 +83,15 @@ static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const ch
 	meta.ndim = (uint8_t)t->ndim;
 	memcpy(meta.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
 	if (!is_dead && count > 0) {
-		struct pool_out o = {ctx, NULL};
+		struct pool_out o = {ctx};
 
 		rc = tfab__tensorproto_pack_strings(t, pool_out_alloc, &o, &buf, &len);
 		if (rc)
 			return rc;
-		mr = o.mr;
 		meta.nbytes = len;
 		count_copied(ctx, len);
 	}
-	return tfab__send_start(ctx, to, key, step_id, &meta, buf, mr, false, cb, arg);
+	return tfab__send_start(ctx, to, key, step_id, &meta, buf, buf != NULL, false, cb, arg);
 }
 
 int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include <tfab/engine.h>
 #include <tfab/status.h>
 
 #include "engine/wire.h"
@@ -101,34 +102,59 @@ static bool mul_u64(uint64_t a, uint64_t b, uint64_t *r_p)
 
 /* ---- Connection blob ---- */
 
-static bool blob_valid(uint16_t addr_len, uint32_t ring_slots, uint32_t slot_size, uint32_t peer_id)
+_Static_assert(TFAB_WIRE_MAX_BLOB <= TFAB_PEER_BLOB_MAX, "a blob fits the public bound");
+
+static bool blob_valid(const struct tfab_wire_blob *b)
 {
-	return addr_len >= 1 && addr_len <= TFAB_WIRE_MAX_ADDR && ring_slots >= 1 &&
-	       ring_slots <= TFAB_WIRE_MAX_SLOTS && slot_size >= TFAB_WIRE_MIN_SLOT &&
-	       peer_id <= TFAB_WIRE_MAX_PEER_ID;
+	if (b->ring_slots < 1 || b->ring_slots > TFAB_WIRE_MAX_SLOTS ||
+	    b->slot_size < TFAB_WIRE_MIN_SLOT || b->peer_id > TFAB_WIRE_MAX_PEER_ID ||
+	    b->host_len > TFAB_WIRE_MAX_HOST || b->npaths < 1 || b->npaths > TFAB_WIRE_MAX_PATHS)
+		return false;
+	for (unsigned i = 0; i < b->npaths; i++) {
+		const struct tfab_wire_path *w = &b->paths[i];
+
+		if (w->name_len < 1 || w->name_len > TFAB_WIRE_MAX_PATH_NAME || w->addr_len < 1 ||
+		    w->addr_len > TFAB_WIRE_MAX_ADDR)
+			return false;
+	}
+	return true;
 }
 
 int tfab__wire_blob_encode(const struct tfab_wire_blob *b, void *buf, size_t cap, size_t *len_p)
 {
-	size_t need;
+	size_t need = TFAB_WIRE_BLOB_HDR + b->host_len;
 	uint8_t *p = buf;
 
-	if (!blob_valid(b->addr_len, b->ring_slots, b->slot_size, b->peer_id) || !b->addr)
+	if (!blob_valid(b) || (b->host_len && !b->host))
 		return -EINVAL;
-	need = TFAB_WIRE_BLOB_HDR + (size_t)b->addr_len;
+	for (unsigned i = 0; i < b->npaths; i++) {
+		if (!b->paths[i].name || !b->paths[i].addr)
+			return -EINVAL;
+		need += TFAB_WIRE_PATH_HDR + b->paths[i].name_len + b->paths[i].addr_len;
+	}
 	if (cap < need)
 		return -ENOSPC;
 
 	p = put_le(p, TFAB_WIRE_MAGIC, 4);
 	p = put_le(p, TFAB_WIRE_VERSION, 2);
-	p = put_le(p, b->addr_len, 2);
-	p = put_le(p, b->ring_raddr, 8);
-	p = put_le(p, b->ring_rkey, 8);
+	p = put_le(p, b->npaths, 2);
 	p = put_le(p, b->ring_slots, 4);
 	p = put_le(p, b->slot_size, 4);
 	p = put_le(p, b->peer_id, 4);
-	p = put_le(p, 0, 4);
-	put_bytes(p, b->addr, b->addr_len);
+	p = put_le(p, b->host_len, 2);
+	p = put_le(p, 0, 2);
+	p = put_bytes(p, b->host, b->host_len);
+	for (unsigned i = 0; i < b->npaths; i++) {
+		const struct tfab_wire_path *w = &b->paths[i];
+
+		p = put_le(p, w->name_len, 1);
+		p = put_le(p, w->same_host ? 1 : 0, 1);
+		p = put_le(p, w->addr_len, 2);
+		p = put_le(p, w->ring_raddr, 8);
+		p = put_le(p, w->ring_rkey, 8);
+		p = put_bytes(p, w->name, w->name_len);
+		p = put_bytes(p, w->addr, w->addr_len);
+	}
 	*len_p = need;
 	return 0;
 }
@@ -151,18 +177,34 @@ int tfab__wire_blob_decode(const void *buf, size_t len, struct tfab_wire_blob *b
 	if (version != TFAB_WIRE_VERSION)
 		return -TFAB_ERR_VERSION;
 
-	out.addr_len = (uint16_t)get_le(&r, 2);
-	out.ring_raddr = get_le(&r, 8);
-	out.ring_rkey = get_le(&r, 8);
+	out.npaths = (uint16_t)get_le(&r, 2);
 	out.ring_slots = (uint32_t)get_le(&r, 4);
 	out.slot_size = (uint32_t)get_le(&r, 4);
 	out.peer_id = (uint32_t)get_le(&r, 4);
-	reserved = (uint32_t)get_le(&r, 4);
-	if (r.bad || reserved != 0 ||
-	    !blob_valid(out.addr_len, out.ring_slots, out.slot_size, out.peer_id))
+	out.host_len = (uint16_t)get_le(&r, 2);
+	reserved = (uint32_t)get_le(&r, 2);
+	if (r.bad || reserved != 0 || out.npaths < 1 || out.npaths > TFAB_WIRE_MAX_PATHS ||
+	    out.host_len > TFAB_WIRE_MAX_HOST)
 		return -TFAB_ERR_PROTOCOL;
-	out.addr = get_bytes(&r, out.addr_len);
-	if (r.bad)
+	out.host = (const char *)get_bytes(&r, out.host_len);
+	for (unsigned i = 0; i < out.npaths && !r.bad; i++) {
+		struct tfab_wire_path *w = &out.paths[i];
+		uint8_t flags;
+
+		w->name_len = (uint8_t)get_le(&r, 1);
+		flags = (uint8_t)get_le(&r, 1);
+		w->addr_len = (uint16_t)get_le(&r, 2);
+		w->ring_raddr = get_le(&r, 8);
+		w->ring_rkey = get_le(&r, 8);
+		if (r.bad || flags > 1 || w->name_len < 1 ||
+		    w->name_len > TFAB_WIRE_MAX_PATH_NAME || w->addr_len < 1 ||
+		    w->addr_len > TFAB_WIRE_MAX_ADDR)
+			return -TFAB_ERR_PROTOCOL;
+		w->same_host = flags & 1;
+		w->name = (const char *)get_bytes(&r, w->name_len);
+		w->addr = get_bytes(&r, w->addr_len);
+	}
+	if (r.bad || !blob_valid(&out))
 		return -TFAB_ERR_PROTOCOL;
 	*b = out;
 	return 0;

@@ -10,9 +10,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TFAB_WIRE_VERSION 1
+#define TFAB_WIRE_VERSION 2
 #define TFAB_WIRE_MAGIC 0x42414654u
-#define TFAB_WIRE_BLOB_HDR 40
+#define TFAB_WIRE_BLOB_HDR 24
+#define TFAB_WIRE_PATH_HDR 20 /* each path entry, before its name and address */
+#define TFAB_WIRE_MAX_PATHS 4
+#define TFAB_WIRE_MAX_PATH_NAME 31
+#define TFAB_WIRE_MAX_HOST 128
+/* The longest blob: every field at its limit. */
+#define TFAB_WIRE_MAX_BLOB                         \
+	(TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_HOST + \
+	 TFAB_WIRE_MAX_PATHS *                     \
+	     (TFAB_WIRE_PATH_HDR + TFAB_WIRE_MAX_PATH_NAME + TFAB_WIRE_MAX_ADDR))
 #define TFAB_WIRE_MAX_ADDR 1024
 #define TFAB_WIRE_MSG_HDR 16
 #define TFAB_WIRE_MIN_SLOT 1024
@@ -62,15 +71,27 @@ static inline uint32_t tfab__imm_low(uint32_t imm)
 	return imm & 0x3ffu;
 }
 
-/* The connection blob. */
-struct tfab_wire_blob {
+/* One path a side offers in its connection blob: a backend's endpoint and our inbox on it. */
+struct tfab_wire_path {
 	uint64_t ring_raddr;
 	uint64_t ring_rkey;
+	uint8_t name_len;
+	bool same_host; /* reaches only processes on the same host (flags bit 0) */
+	uint16_t addr_len;
+	const char *name;    /* "shm", "verbs", "ofi:tcp"; not NUL-terminated */
+	const uint8_t *addr; /* the endpoint's address; decode: both point into the input */
+};
+
+/* The connection blob: what is common to every path, then each path in the side's order. */
+struct tfab_wire_blob {
 	uint32_t ring_slots;
 	uint32_t slot_size;
 	uint32_t peer_id;
-	uint16_t addr_len;
-	const uint8_t *addr; /* decode: points into the input */
+	uint16_t host_len;
+	uint16_t npaths;
+	const char
+	    *host; /* the host's identity (same_host paths need it equal); not NUL-terminated */
+	struct tfab_wire_path paths[TFAB_WIRE_MAX_PATHS];
 };
 
 /* Encode into buf (cap bytes); the length goes to *len_p. -ENOSPC if it does not fit. */

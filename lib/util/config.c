@@ -140,8 +140,9 @@ static const struct tfab_config_parser parser_level = {"level", parse_level, for
 
 static const struct tfab_config_entry table[] = {
     {"TFAB_PROVIDER", "auto",
-     "Fabric backend: auto (verbs when a device has an active port, else libfabric, else "
-     "shm), verbs, ofi, ofi:<libfabric provider>, or shm (native shared memory, this host)",
+     "Paths to open, in order of preference, comma-separated: auto (shm for peers on this "
+     "host, then verbs when a device has an active port, else libfabric), shm, verbs, ofi, or "
+     "ofi:<libfabric provider>; each peer takes the first that both sides have",
      FIELD(provider), &parser_string, 0, 0},
     {"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
      FIELD(log_level), &parser_level, 0, 0},
@@ -149,7 +150,8 @@ static const struct tfab_config_entry table[] = {
      "Longest wait for a peer while connecting or bootstrapping, in milliseconds",
      FIELD(connect_timeout_ms), &parser_uint, 1, 3600000},
     {"TFAB_OFI_DOMAIN", "",
-     "libfabric domain (interface) to open, such as lo or eth0; empty takes libfabric's first",
+     "libfabric domain (interface) to open, such as lo or eth0 (shm has none); empty takes "
+     "libfabric's first",
      FIELD(ofi_domain), &parser_string, 0, 0},
     {"TFAB_OFI_CQ_SIZE", "4096", "libfabric completion queue depth, in entries", FIELD(ofi_cq_size),
      &parser_uint, 16, 1u << 20},

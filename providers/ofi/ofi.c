@@ -346,7 +346,8 @@ static int choose_info(const struct tfab_open_args *args, struct fi_info *infos,
 	for (fi = infos; fi; fi = fi->next) {
 		if (!info_usable(fi) || !prov_matches(fi, args->fabric))
 			continue;
-		if (want[0]) {
+		/* The setting names an interface: shm, which has none, is not held to it. */
+		if (want[0] && strcmp(fi->fabric_attr->prov_name, "shm") != 0) {
 			if (strcmp(fi->domain_attr->name, want) == 0) {
 				*fi_p = fi;
 				return 0;
@@ -358,7 +359,7 @@ static int choose_info(const struct tfab_open_args *args, struct fi_info *infos,
 		if (!lo && strcmp(fi->domain_attr->name, "lo") == 0)
 			lo = fi;
 	}
-	if (want[0]) {
+	if (want[0] && !first) {
 		char list[256] = "";
 		size_t len = 0;
 
@@ -509,6 +510,7 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	sockets = strcmp(fi->fabric_attr->prov_name, "sockets") == 0;
 	ep->max_inflight = sockets ? TFAB_OFI_SOCKETS_INFLIGHT : UINT32_MAX;
 	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
+	ep->caps.same_host = ep->keep_addrs; /* libfabric's shm: processes of this host only */
 	if (progress_manual(fi))
 		fi->domain_attr->data_progress = FI_PROGRESS_MANUAL;
 	ep->next_key = 1;

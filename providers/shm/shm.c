@@ -353,6 +353,7 @@ static int tfab_shm_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->caps.inject_size = TFAB_SHM_INLINE_MAX;
 	ep->caps.addr_len = sizeof(struct tfab_shm_addr);
 	ep->caps.hmem_cuda = false;
+	ep->caps.same_host = true;
 	ep->caps.manual_progress = true;
 	ep->caps.mr_local = false;
 	TFAB_INFO(SUBSYS, "opened: control segment fd %d, %zu bytes", ep->ctrl_fd, ep->ctrl_len);
@@ -1278,6 +1279,7 @@ int tfab_shm_get_stats(struct tfab_ep *base, struct tfab_shm_stats *stats_p)
 const struct tfab_provider_ops tfab_shm_ops = {
     .size = sizeof(struct tfab_provider_ops),
     .name = "shm",
+    .same_host = true,
     .probe = tfab_shm_probe,
     .open = tfab_shm_open,
     .close = tfab_shm_close,

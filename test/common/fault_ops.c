@@ -2,13 +2,19 @@
  * The fault-injecting provider wrapper of fault_ops.h: the real provider's table with
  * write_imm replaced, put in place of the endpoint's own (its base object's ops).
  */
+#include <errno.h>
 #include <string.h>
 
 #include "engine/engine.h"
 #include "test/common/fault_ops.h"
 
-static struct tfab_provider_ops wrapped;
-static const struct tfab_provider_ops *real;
+/* Per path of the context: its endpoint, its real table and the wrapper put in its place. */
+static struct {
+	struct tfab_ep *ep;
+	const struct tfab_provider_ops *real;
+	struct tfab_provider_ops wrapped;
+} paths[TFAB_MAX_PATHS];
+static unsigned npaths;
 static struct fault_rule rules[FAULT_MAX_RULES];
 static uint64_t calls[FAULT_MAX_RULES], hits[FAULT_MAX_RULES];
 static int nrules;
@@ -48,17 +54,25 @@ static int fault_write_imm(struct tfab_ep *ep, struct tfab_conn *peer, const voi
 	}
 	if (status)
 		return status;
-	return real->write_imm(ep, peer, lbuf, len, lmr, raddr, rkey, imm, flags, ctx);
+	for (unsigned i = 0; i < npaths; i++)
+		if (paths[i].ep == ep)
+			return paths[i].real->write_imm(ep, peer, lbuf, len, lmr, raddr, rkey, imm,
+							flags, ctx);
+	return -EINVAL;
 }
 
 void fault_ops_install(struct tfab_context *ctx)
 {
 	tfab__ctx_lock(ctx);
-	if (ctx->ep->ops != &wrapped) {
-		real = ctx->ep->ops;
-		wrapped = *real;
-		wrapped.write_imm = fault_write_imm;
-		ctx->ep->ops = &wrapped;
+	if (!npaths) {
+		for (unsigned i = 0; i < ctx->npaths; i++) {
+			paths[i].ep = ctx->paths[i].ep;
+			paths[i].real = paths[i].ep->ops;
+			paths[i].wrapped = *paths[i].real;
+			paths[i].wrapped.write_imm = fault_write_imm;
+			paths[i].ep->ops = &paths[i].wrapped;
+		}
+		npaths = ctx->npaths;
 	}
 	nrules = 0;
 	tfab__ctx_unlock(ctx);
@@ -67,8 +81,9 @@ void fault_ops_install(struct tfab_context *ctx)
 void fault_ops_remove(struct tfab_context *ctx)
 {
 	tfab__ctx_lock(ctx);
-	if (ctx->ep->ops == &wrapped)
-		ctx->ep->ops = real;
+	for (unsigned i = 0; i < npaths; i++)
+		paths[i].ep->ops = paths[i].real;
+	npaths = 0;
 	nrules = 0;
 	tfab__ctx_unlock(ctx);
 }

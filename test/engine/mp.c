@@ -364,7 +364,19 @@ static __attribute__((noinline)) int run_below_pad(struct mp *mp, const struct m
 /* Run one rank of a scenario: set up, run, a closing barrier, tear down. */
 static int run_rank(struct mp *mp, const struct mp_scenario *s)
 {
-	int rc = mp_setup(mp);
+	const char *want = s->provider ? s->provider(mp->rank) : NULL;
+	char *was = getenv("TFAB_PROVIDER") ? strdup(getenv("TFAB_PROVIDER")) : NULL;
+	int rc;
+
+	/* The context reads it when created: rank 0's process gets the run's back after. */
+	if (want)
+		setenv("TFAB_PROVIDER", want, 1);
+	rc = mp_setup(mp);
+	if (want && was)
+		setenv("TFAB_PROVIDER", was, 1);
+	else if (want)
+		unsetenv("TFAB_PROVIDER");
+	free(was);
 
 	if (rc == 0) {
 		rc = run_below_pad(mp, s);
@@ -667,7 +679,7 @@ int mp_main(int argc, char **argv, const struct mp_scenario *scenarios, int n)
 		return run_rank(&mp, s);
 	}
 	for (int i = 0; i < n && ntests < 64; i++) {
-		if (only && !listed(only, scenarios[i].name))
+		if (only ? !listed(only, scenarios[i].name) : scenarios[i].only_named)
 			continue;
 		tests[ntests] = (struct CMUnitTest){.name = scenarios[i].name,
 						    .test_func = run_scenario,

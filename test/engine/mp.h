@@ -34,6 +34,9 @@ struct mp_scenario {
 	mp_fn fn;
 	bool no_barrier; /* the scenario breaks a peer or the context: no closing barrier */
 	unsigned killed; /* ranks the scenario kills (1u << rank; SIGKILL is their success) */
+	/* TFAB_PROVIDER of a rank's context, or NULL for the run's (NULL: every rank's). */
+	const char *(*provider)(int rank);
+	bool only_named; /* runs only where MP_ONLY names it (it needs its own environment) */
 };
 
 /* A failed check in any rank: print where and return 1 from the scenario. */

@@ -801,6 +801,69 @@ static int sc_all_to_all(struct mp *mp)
 }
 
 /*
+ * Mixed paths: rank 3 has only the network path (TFAB_TEST_NET_PATH, e.g. ofi:tcp), the
+ * others the same-host path first (TFAB_PROVIDER, e.g. "shm,ofi:tcp"); so ranks 0-2 talk over
+ * the same-host path, and every rank talks to rank 3 over the network one, in one context.
+ * Each rank checks each peer's path, then all of them send to and receive from all, into
+ * library and caller destinations, data checked.
+ */
+static const char *mixed_provider(int rank)
+{
+	return rank == 3 ? getenv("TFAB_TEST_NET_PATH") : NULL;
+}
+
+static int sc_mixed_paths(struct mp *mp)
+{
+	const char *net = getenv("TFAB_TEST_NET_PATH"), *names[TFAB_MAX_PATHS];
+	int n = tfab_context_paths(mp->ctx, names, TFAB_MAX_PATHS);
+	int64_t shape[1] = {1 << 16};
+	struct tensor t[MP_MAX_RANKS], into;
+	struct done sent = {0};
+	char key[64];
+
+	CHECK(net && n >= 1);
+	for (int r = 0; r < mp->nranks; r++) {
+		const char *want = (r == 3 || mp->rank == 3) ? net : names[0];
+		const char *path = r == mp->rank ? NULL : tfab_peer_path(mp->peers[r]);
+
+		if (r == mp->rank)
+			continue;
+		printf("mixed_paths: rank %d to rank %d on %s\n", mp->rank, r, path ? path : "?");
+		CHECK(path && strcmp(path, want) == 0);
+	}
+	/* rank 3 is on one path, the others on two: both are really used below. */
+	CHECK(mp->rank == 3 ? n == 1 : n >= 2);
+	CHECK(mp->rank == 3 || strcmp(names[0], net) != 0);
+	tensor_make(&into, f32, 1, shape);
+	for (int r = 0; r < mp->nranks; r++) {
+		DLManagedTensor *m = NULL;
+
+		if (r == mp->rank)
+			continue;
+		tensor_make(&t[r], f32, 1, shape);
+		tensor_fill(&t[r], (uint64_t)(mp->rank * 10 + r));
+		snprintf(key, sizeof(key), "mixed/%d/%d", mp->rank, r);
+		CHECK_RC(
+		    tfab_send_to(mp->ctx, mp->peers[r], key, 5, &t[r].dl, false, on_sent, &sent),
+		    0);
+		snprintf(key, sizeof(key), "mixed/%d/%d", r, mp->rank);
+		CHECK_RC(tfab_recv_into_sync(mp->ctx, mp->peers[r], key, 5, &into.dl, 0, WAIT_MS,
+					     &m, NULL),
+			 0);
+		CHECK(bytes_match(into.dl.data, into.nbytes, (uint64_t)(r * 10 + mp->rank)));
+		m->deleter(m);
+	}
+	CHECK(wait_n(mp, &sent, mp->nranks - 1));
+	CHECK(sent.errors == 0);
+	for (int r = 0; r < mp->nranks; r++)
+		if (r != mp->rank)
+			tensor_free(&t[r]);
+	tensor_free(&into);
+	fflush(stdout);
+	return sc_all_to_all(mp);
+}
+
+/*
  * Step cleanup: receives of a step nobody sends fail, sends of a step nobody receives fail,
  * and a receive whose request the sender cleans up gets the sender's status.
  */
@@ -2225,6 +2288,11 @@ static const struct mp_scenario scenarios[] = {
     {.name = "destroy_busy", .nranks = 2, .fn = sc_destroy_busy},
     {.name = "cleanup_fails_peer", .nranks = 2, .fn = sc_cleanup_fails_peer, .no_barrier = true},
     {.name = "all_to_all", .nranks = 4, .fn = sc_all_to_all},
+    {.name = "mixed_paths",
+     .nranks = 4,
+     .fn = sc_mixed_paths,
+     .provider = mixed_provider,
+     .only_named = true},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
     {.name = "peer_killed",

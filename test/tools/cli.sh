@@ -118,8 +118,8 @@ fi
 
 "$bin/tfab-perf" --help >"$out/help"
 check "tfab-perf --help exits 0" [ $? = 0 ]
-check "... naming the tests raw, tensor and all" grep -q '^usage: tfab-perf \[raw|tensor|all\] ' \
-	"$out/help"
+check "... naming the tests memcpy, raw, tensor and all" \
+	grep -q '^usage: tfab-perf \[memcpy|raw|tensor|all\] ' "$out/help"
 check "... and every option with its default" python3 -c '
 import re, sys
 opts, cur = {}, None
@@ -150,7 +150,7 @@ want = {
 assert set(opts) == set(want), sorted(opts)
 for o, w in want.items():
     assert w in opts[o], (o, opts[o])
-assert re.search(r"^ +all +raw, then tensor \(the default\)$", open(sys.argv[1]).read(), re.M)
+assert re.search(r"^ +all +memcpy, raw, then tensor \(the default\)$", open(sys.argv[1]).read(), re.M)
 ' "$out/help"
 "$bin/tfab-perf" --sizes 1X >/dev/null 2>&1
 check "tfab-perf rejects a bad size" [ $? = 2 ]
@@ -162,6 +162,42 @@ check "... saying why once" [ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choic
 TFAB_PROVIDER=bogus "$bin/tfab-perf" -s 8 -n 2 >/dev/null 2>"$out/err"
 check "TFAB_PROVIDER=bogus tfab-perf fails, saying why once" \
 	[ "$(grep -c 'TFAB_PROVIDER=bogus: not a known choice' "$out/err")" = 1 ]
+
+# memcpy alone needs no fabric: an unknown provider and a bad setting do not matter to it.
+TFAB_PROVIDER=bogus TFAB_OFI_CQ_SIZE=abc FI_PROVIDER=none "$bin/tfab-perf" memcpy -s 8,1M \
+	--verify --json >"$out/memcpy" 2>"$out/err"
+check "tfab-perf memcpy --verify runs without a fabric" [ $? = 0 ]
+check "... quietly" [ ! -s "$out/err" ]
+check "... a verified row per size, with the default iterations" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["test"], r["backend"], r["bytes"], r["iters"], r["window"], r["verified"])
+        for r in rows] == [("memcpy", "memcpy", 8, 100000, 1, True),
+                           ("memcpy", "memcpy", 1 << 20, 2048, 1, True)], rows
+for r in rows:
+    assert r["GBps"] > 0 and abs(r["gbps"] - 8 * r["GBps"]) < 0.01, r
+    # lat_us is the time of one copy: bytes over the bandwidth
+    assert r["lat_us"] > 0 and abs(r["lat_us"] - r["bytes"] * 8 / r["gbps"] / 1000) \
+        <= 0.001 + 0.01 * r["lat_us"], r
+' "$out/memcpy"
+"$bin/tfab-perf" memcpy -s 4K -n 10 >"$out/memcpy" 2>&1
+check "tfab-perf memcpy prints a table" grep -q '^tfab-perf memcpy: one thread' "$out/memcpy"
+check "... with a row of 4096 bytes, 10 copies, 1 at a time" \
+	grep -qE '^ +4096 +10 +1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +-$' "$out/memcpy"
+"$bin/tfab-perf-damaged" memcpy -s 8,0 -n 10 --verify --json >"$out/damaged" 2>"$out/err"
+check "tfab-perf memcpy --verify fails on a spoiled copy" [ $? = 1 ]
+check "... reporting which sizes" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["verified"] for r in rows] == [False, True], rows
+' "$out/damaged"
+check "... and saying so" grep -q 'the 8-byte copy differs from its source' "$out/err"
+"$bin/tfab-perf" memcpy --connect 127.0.0.1:1 >/dev/null 2>"$out/err"
+check "tfab-perf memcpy --connect is refused" [ $? = 2 ]
+check "... saying why" grep -q 'memcpy runs in one process' "$out/err"
+"$bin/tfab-perf" memcpy,nosuchtest >/dev/null 2>"$out/err"
+check "tfab-perf rejects an unknown test in a list" [ $? = 2 ]
+check "... naming it" grep -q "unknown test 'nosuchtest'" "$out/err"
 
 # Runs of both tests on a fabric named with -p: ofi:sockets where it is usable (auto would
 # pick another, so the run shows that -p reaches the tensor test's engine), else the first
@@ -176,10 +212,12 @@ if [ -n "$perf_p" ]; then
 	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" all -p "$perf_p" -s 8,4K -n 4 --json \
 		--verify >"$out/all" 2>"$out/err"
 	check "tfab-perf all -p $perf_p --verify exits 0" [ $? = 0 ]
-	check "... every row verified" python3 -c '
+	check "... every row verified, memcpy then raw then tensor" python3 -c '
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert len(rows) == 4 and all(r["verified"] is True for r in rows), rows
+assert [(r["test"], r["bytes"]) for r in rows] == [
+    (t, b) for t in ("memcpy", "raw", "tensor") for b in (8, 4096)], rows
+assert all(r["verified"] is True and r["iters"] == 4 for r in rows), rows
 ' "$out/all"
 	# A local pair's engine contexts use the raw test's (loopback) domain.
 	check "... its tensor rows on the raw rows' backend, fabric and domain" python3 -c '

@@ -98,6 +98,9 @@ static const struct tfab_provider_ops fake_ops = {
     .mr_dereg = fake_mr_dereg,
 };
 
+static struct tfab_ep fake_ep = {.ops = &fake_ops};
+static struct tfab_ep *const fake_eps[] = {&fake_ep};
+
 static long region_of(const struct tfab_mr *mr)
 {
 	return (long)(uintptr_t)mr->prov;
@@ -140,7 +143,7 @@ static struct tfab_pool *mk(size_t max_cached)
 {
 	struct tfab_pool *p = NULL;
 
-	assert_int_equal(tfab__pool_create(&fake_ops, NULL, max_cached, &p), 0);
+	assert_int_equal(tfab__pool_create(fake_eps, 1, max_cached, &p), 0);
 	assert_non_null(p);
 	return p;
 }
@@ -158,7 +161,7 @@ static void *alloc_ok(struct tfab_pool *p, size_t len, size_t want_size)
 	struct tfab_mr *mr = NULL;
 	void *buf = NULL;
 
-	assert_int_equal(tfab__pool_alloc(p, len, &buf, &mr), 0);
+	assert_int_equal(tfab__pool_alloc(p, 0, len, &buf, &mr), 0);
 	assert_non_null(buf);
 	assert_non_null(mr);
 	assert_int_equal((uintptr_t)buf % (uintptr_t)sysconf(_SC_PAGESIZE), 0);
@@ -229,7 +232,7 @@ static void test_reuse(void **state)
 	assert_int_equal(s.blocks_out, 0);
 	assert_int_equal(s.bytes_cached, 8192 + 4096);
 	/* Most recently freed first; the registration comes back with it. */
-	assert_int_equal(tfab__pool_alloc(p, 1, &a, &mr), 0);
+	assert_int_equal(tfab__pool_alloc(p, 0, 1, &a, &mr), 0);
 	assert_ptr_equal(a, c);
 	assert_ptr_equal(mr->addr, c);
 	tfab__pool_free(p, a);
@@ -278,7 +281,7 @@ static void test_trim(void **state)
 	assert_int_equal(F.deregs, 3);
 
 	/* What is left is still reused. */
-	assert_int_equal(tfab__pool_alloc(p, 4096, &buf, &mr), 0);
+	assert_int_equal(tfab__pool_alloc(p, 0, 4096, &buf, &mr), 0);
 	assert_ptr_equal(buf, b4);
 	tfab__pool_free(p, buf);
 	/* A trimmed block's address is foreign now. */
@@ -345,17 +348,17 @@ static void test_alloc_failure(void **state)
 	tfab__pool_free(p, alloc_ok(p, 1, 4096));
 	s0 = stats(p);
 	F.fail_next = -ENOSPC;
-	assert_int_equal(tfab__pool_alloc(p, 8192, &buf, &mr), -ENOSPC);
+	assert_int_equal(tfab__pool_alloc(p, 0, 8192, &buf, &mr), -ENOSPC);
 	assert_ptr_equal(buf, &buf);
 	assert_ptr_equal(mr, (struct tfab_mr *)&mr);
 	s1 = stats(p);
 	assert_memory_equal(&s0, &s1, sizeof(s0));
 	/* Larger than any class: refused before allocating (sanitizers abort on huge sizes). */
-	assert_int_equal(tfab__pool_alloc(p, SIZE_MAX, &buf, &mr), -ENOMEM);
+	assert_int_equal(tfab__pool_alloc(p, 0, SIZE_MAX, &buf, &mr), -ENOMEM);
 	assert_ptr_equal(buf, &buf);
 	assert_int_equal(F.n, 1);
-	assert_int_equal(tfab__pool_alloc(NULL, 1, &buf, &mr), -EINVAL);
-	assert_int_equal(tfab__pool_create(NULL, NULL, 0, &p), -EINVAL);
+	assert_int_equal(tfab__pool_alloc(NULL, 0, 1, &buf, &mr), -EINVAL);
+	assert_int_equal(tfab__pool_create(NULL, 0, 0, &p), -EINVAL);
 	assert_int_equal(tfab__pool_destroy(p), 0);
 	assert_int_equal(tfab__pool_destroy(NULL), 0);
 }
@@ -441,7 +444,7 @@ static void test_concurrent_free(void **state)
 	for (unsigned i = 0; i < ALLOCS; i++) {
 		size_t len = (size_t)4096 << (i % 5);
 
-		assert_int_equal(tfab__pool_alloc(p, len, &buf, &mr), 0);
+		assert_int_equal(tfab__pool_alloc(p, 0, len, &buf, &mr), 0);
 		assert_ptr_equal(mr->addr, buf);
 		assert_true(mr->len >= len);
 		pthread_mutex_lock(&h.lock);
@@ -503,13 +506,13 @@ static void test_real_ofi(void **state)
 	tfab_log_set_level(TFAB_LOG_NONE);
 	if (tfab__provider_open(&cfg, true, &ops, &ep, err, sizeof(err)))
 		fail_msg("%s", err);
-	assert_int_equal(tfab__pool_create(ops, ep, 1u << 20, &p), 0);
-	assert_int_equal(tfab__pool_alloc(p, 100000, &buf, &mr), 0);
+	assert_int_equal(tfab__pool_create(&ep, 1, 1u << 20, &p), 0);
+	assert_int_equal(tfab__pool_alloc(p, 0, 100000, &buf, &mr), 0);
 	assert_ptr_equal(mr->addr, buf);
 	assert_int_equal(mr->len, 128u << 10);
 	memset(buf, 1, mr->len);
 	tfab__pool_free(p, buf);
-	assert_int_equal(tfab__pool_alloc(p, 70000, &buf2, &mr2), 0);
+	assert_int_equal(tfab__pool_alloc(p, 0, 70000, &buf2, &mr2), 0);
 	assert_ptr_equal(buf2, buf);
 	assert_ptr_equal(mr2, mr);
 	assert_int_equal(tfab__pool_destroy(p), -EBUSY);

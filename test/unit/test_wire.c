@@ -176,17 +176,6 @@ static void assert_msg_equal(const struct tfab_wire_msg *a, const struct tfab_wi
 	}
 }
 
-static void assert_blob_equal(const struct tfab_wire_blob *a, const struct tfab_wire_blob *b)
-{
-	assert_true(a->ring_raddr == b->ring_raddr);
-	assert_true(a->ring_rkey == b->ring_rkey);
-	assert_int_equal(a->ring_slots, b->ring_slots);
-	assert_int_equal(a->slot_size, b->slot_size);
-	assert_int_equal(a->peer_id, b->peer_id);
-	assert_int_equal(a->addr_len, b->addr_len);
-	assert_memory_equal(a->addr, b->addr, a->addr_len);
-}
-
 /* Encode, check the length, decode from an exact buffer and compare; returns the length. */
 static size_t msg_round_trip(const struct tfab_wire_msg *m, size_t expect_len)
 {
@@ -221,7 +210,7 @@ static size_t msg_round_trip(const struct tfab_wire_msg *m, size_t expect_len)
 
 /* A little-endian writer for hand-built, possibly invalid, encodings. */
 struct raw {
-	uint8_t b[4096];
+	uint8_t b[8192];
 	size_t n;
 };
 
@@ -240,7 +229,7 @@ static void raw_fill(struct raw *r, uint8_t c, size_t n)
 static void raw_hdr(struct raw *r, uint8_t type, uint16_t flags)
 {
 	r->n = 0;
-	raw_le(r, 1, 1);
+	raw_le(r, 2, 1);
 	raw_le(r, type, 1);
 	raw_le(r, flags, 2);
 	raw_le(r, 0, 4); /* length, set by raw_fix_len */
@@ -289,24 +278,64 @@ static void raw_meta_data(struct raw *r)
 	raw_le(r, 7, 4);
 }
 
-static const uint8_t blob_addr[3] = {0xde, 0xad, 0xbe};
-
-static void sample_blob(struct tfab_wire_blob *b)
-{
-	memset(b, 0, sizeof(*b));
-	b->ring_raddr = 0x1122334455667788ull;
-	b->ring_rkey = 0x0102030405060708ull;
-	b->ring_slots = 64;
-	b->slot_size = 1024;
-	b->peer_id = 0xabcde;
-	b->addr_len = sizeof(blob_addr);
-	b->addr = blob_addr;
-}
-
 /* ---- Connection blob ---- */
 
-/* Pinned against the table in doc/protocol.md, "Connecting two peers". */
+/* The largest blob: the largest host and the most paths, each with its longest name and address. */
+#define BLOB_MAX                                   \
+	(TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_HOST + \
+	 TFAB_WIRE_MAX_PATHS *                     \
+	     (TFAB_WIRE_PATH_HDR + TFAB_WIRE_MAX_PATH_NAME + TFAB_WIRE_MAX_ADDR))
+
+/* Offsets in the header and in a path entry. */
+enum {
+	B_VERSION = 4,
+	B_NPATHS = 6,
+	B_SLOTS = 8,
+	B_SIZE = 12,
+	B_PEER = 16,
+	B_HOST_LEN = 20,
+	B_RESERVED = 22,
+	P_NAME_LEN = 0,
+	P_FLAGS = 1,
+	P_ADDR_LEN = 2,
+};
+
+/* Pinned against the tables in doc/protocol.md, "Connecting two peers". */
 static const uint8_t blob_bytes[] = {
+    /* header */
+    0x54, 0x46, 0x41, 0x42,	  /* magic "TFAB" */
+    0x02, 0x00,			  /* version */
+    0x02, 0x00,			  /* npaths */
+    0x40, 0x00, 0x00, 0x00,	  /* ring_slots 64 */
+    0x00, 0x04, 0x00, 0x00,	  /* slot_size 1024 */
+    0xde, 0xbc, 0x0a, 0x00,	  /* peer_id 0xabcde */
+    0x05, 0x00,			  /* host_len */
+    0x00, 0x00,			  /* reserved */
+    0x68, 0x6f, 0x73, 0x74, 0x31, /* host "host1" */
+    /* path 0 */
+    0x03,					    /* name_len */
+    0x01,					    /* flags: same host only */
+    0x02, 0x00,					    /* addr_len */
+    0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, /* ring_raddr */
+    0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* ring_rkey */
+    0x73, 0x68, 0x6d,				    /* name "shm" */
+    0xaa, 0xbb,					    /* addr */
+    /* path 1 */
+    0x07,					    /* name_len */
+    0x00,					    /* flags */
+    0x03, 0x00,					    /* addr_len */
+    0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* ring_raddr 0x1000 */
+    0xdd, 0xcc, 0xbb, 0xaa, 0x00, 0x00, 0x00, 0x00, /* ring_rkey 0xaabbccdd */
+    0x6f, 0x66, 0x69, 0x3a, 0x74, 0x63, 0x70,	    /* name "ofi:tcp" */
+    0xde, 0xad, 0xbe,				    /* addr */
+};
+
+/* Where blob_bytes' path entries begin. */
+#define PATH0 (TFAB_WIRE_BLOB_HDR + 5)
+#define PATH1 (PATH0 + TFAB_WIRE_PATH_HDR + 3 + 2)
+
+/* A version 1 blob: addr_len, ring_raddr, ring_rkey, ring_slots, slot_size, peer_id, addr. */
+static const uint8_t v1_blob_bytes[] = {
     0x54, 0x46, 0x41, 0x42,			    /* magic "TFAB" */
     0x01, 0x00,					    /* version */
     0x03, 0x00,					    /* addr_len */
@@ -319,56 +348,192 @@ static const uint8_t blob_bytes[] = {
     0xde, 0xad, 0xbe,				    /* addr */
 };
 
+static const uint8_t shm_addr[2] = {0xaa, 0xbb};
+static const uint8_t tcp_addr[3] = {0xde, 0xad, 0xbe};
+
+/* The blob of blob_bytes. */
+static void sample_blob(struct tfab_wire_blob *b)
+{
+	memset(b, 0, sizeof(*b));
+	b->ring_slots = 64;
+	b->slot_size = 1024;
+	b->peer_id = 0xabcde;
+	b->host_len = 5;
+	b->host = "host1";
+	b->npaths = 2;
+	b->paths[0].ring_raddr = 0x1122334455667788ull;
+	b->paths[0].ring_rkey = 0x0102030405060708ull;
+	b->paths[0].name_len = 3;
+	b->paths[0].same_host = true;
+	b->paths[0].addr_len = sizeof(shm_addr);
+	b->paths[0].name = "shm";
+	b->paths[0].addr = shm_addr;
+	b->paths[1].ring_raddr = 0x1000;
+	b->paths[1].ring_rkey = 0xaabbccdd;
+	b->paths[1].name_len = 7;
+	b->paths[1].same_host = false;
+	b->paths[1].addr_len = sizeof(tcp_addr);
+	b->paths[1].name = "ofi:tcp";
+	b->paths[1].addr = tcp_addr;
+}
+
+/* The bytes the blob encodes to. */
+static size_t blob_len(const struct tfab_wire_blob *b)
+{
+	size_t n = TFAB_WIRE_BLOB_HDR + b->host_len;
+
+	for (unsigned i = 0; i < b->npaths; i++)
+		n += TFAB_WIRE_PATH_HDR + b->paths[i].name_len + b->paths[i].addr_len;
+	return n;
+}
+
+/* Every field of the header and of each path, in order; contents by value. */
+static void assert_blob_equal(const struct tfab_wire_blob *a, const struct tfab_wire_blob *b)
+{
+	assert_int_equal(a->ring_slots, b->ring_slots);
+	assert_int_equal(a->slot_size, b->slot_size);
+	assert_int_equal(a->peer_id, b->peer_id);
+	assert_int_equal(a->host_len, b->host_len);
+	if (a->host_len)
+		assert_memory_equal(a->host, b->host, a->host_len);
+	assert_int_equal(a->npaths, b->npaths);
+	for (unsigned i = 0; i < a->npaths; i++) {
+		const struct tfab_wire_path *x = &a->paths[i], *y = &b->paths[i];
+
+		assert_true(x->ring_raddr == y->ring_raddr);
+		assert_true(x->ring_rkey == y->ring_rkey);
+		assert_int_equal(x->same_host, y->same_host);
+		assert_int_equal(x->name_len, y->name_len);
+		assert_memory_equal(x->name, y->name, x->name_len);
+		assert_int_equal(x->addr_len, y->addr_len);
+		assert_memory_equal(x->addr, y->addr, x->addr_len);
+	}
+}
+
+static bool points_into(const void *p, size_t n, const uint8_t *buf, size_t len)
+{
+	const uint8_t *q = p;
+
+	return q >= buf && q <= buf + len && n <= (size_t)(buf + len - q);
+}
+
+/* Decoded pointers point into the input, at their own bytes. */
+static void assert_blob_within(const struct tfab_wire_blob *d, const uint8_t *buf, size_t len)
+{
+	if (d->host_len)
+		assert_true(points_into(d->host, d->host_len, buf, len));
+	for (unsigned i = 0; i < d->npaths; i++) {
+		assert_true(points_into(d->paths[i].name, d->paths[i].name_len, buf, len));
+		assert_true(points_into(d->paths[i].addr, d->paths[i].addr_len, buf, len));
+	}
+}
+
+/* Encode (into exactly the room it needs, too), decode from an exact copy, compare. */
+static void blob_round_trip(const struct tfab_wire_blob *b)
+{
+	static uint8_t buf[BLOB_MAX + 16];
+	struct tfab_wire_blob d;
+	size_t len = 0, len2 = 0;
+	uint8_t *p;
+
+	assert_int_equal(tfab__wire_blob_encode(b, buf, sizeof(buf), &len), 0);
+	assert_int_equal(len, blob_len(b));
+	p = dup_exact(buf, len);
+	assert_int_equal(tfab__wire_blob_encode(b, p, len, &len2), 0);
+	assert_int_equal(len2, len);
+	assert_memory_equal(p, buf, len);
+
+	assert_int_equal(tfab__wire_blob_decode(p, len, &d), 0);
+	assert_blob_equal(b, &d);
+	assert_blob_within(&d, p, len);
+	free(p);
+}
+
 static void test_blob_known_bytes(void **state)
 {
 	struct tfab_wire_blob b, d;
-	uint8_t buf[64];
+	uint8_t buf[128];
 	size_t len = 0;
 
 	(void)state;
-	assert_int_equal(sizeof(blob_bytes), TFAB_WIRE_BLOB_HDR + 3);
+	assert_int_equal(sizeof(blob_bytes),
+			 TFAB_WIRE_BLOB_HDR + 5 + 2 * TFAB_WIRE_PATH_HDR + 3 + 2 + 7 + 3);
+	assert_int_equal(PATH1 + TFAB_WIRE_PATH_HDR + 7 + 3, sizeof(blob_bytes));
 	assert_memory_equal(blob_bytes, "TFAB", 4);
 	sample_blob(&b);
+	/* Paths past npaths are not looked at. */
+	memset(&b.paths[2], 0, 2 * sizeof(b.paths[0]));
+	b.paths[3].name_len = 200;
 	assert_int_equal(tfab__wire_blob_encode(&b, buf, sizeof(buf), &len), 0);
 	assert_int_equal(len, sizeof(blob_bytes));
 	assert_memory_equal(buf, blob_bytes, sizeof(blob_bytes));
 
 	assert_int_equal(blob_decode_exact(blob_bytes, sizeof(blob_bytes), &d), 0);
 	assert_blob_equal(&b, &d);
+	assert_true(d.paths[0].same_host);
+	assert_false(d.paths[1].same_host);
+	assert_memory_equal(d.paths[1].name, "ofi:tcp", 7);
 }
 
 static void test_blob_round_trip(void **state)
 {
-	static uint8_t addr[TFAB_WIRE_MAX_ADDR];
-	static const uint16_t addr_lens[] = {1, 16, 255, 256, TFAB_WIRE_MAX_ADDR};
+	static const uint16_t host_lens[] = {0, 1, 64, TFAB_WIRE_MAX_HOST};
+	static const uint8_t name_lens[] = {1, 3, TFAB_WIRE_MAX_PATH_NAME};
+	static const uint16_t addr_lens[] = {1, 255, 256, TFAB_WIRE_MAX_ADDR};
 	static const uint32_t slots[] = {1, 64, TFAB_WIRE_MAX_SLOTS};
 	static const uint32_t sizes[] = {TFAB_WIRE_MIN_SLOT, 4096, UINT32_MAX};
 	static const uint32_t peers[] = {0, 1, TFAB_WIRE_MAX_PEER_ID};
-	uint8_t buf[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR];
-	struct tfab_wire_blob b, d;
-	size_t len;
+	static uint8_t addr[TFAB_WIRE_MAX_ADDR + TFAB_WIRE_MAX_PATHS];
+	static char names[TFAB_WIRE_MAX_PATH_NAME + TFAB_WIRE_MAX_PATHS];
+	static char host[TFAB_WIRE_MAX_HOST];
+	struct tfab_wire_blob b;
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(addr); i++)
 		addr[i] = (uint8_t)(i * 7 + 3);
-	for (size_t a = 0; a < 5; a++)
-		for (size_t s = 0; s < 3; s++)
-			for (size_t z = 0; z < 3; z++)
-				for (size_t p = 0; p < 3; p++) {
-					b.ring_raddr = UINT64_MAX - a;
-					b.ring_rkey = 0x8000000000000000ull | s;
-					b.ring_slots = slots[s];
-					b.slot_size = sizes[z];
-					b.peer_id = peers[p];
-					b.addr_len = addr_lens[a];
-					b.addr = addr;
-					len = 0;
-					assert_int_equal(
-					    tfab__wire_blob_encode(&b, buf, sizeof(buf), &len), 0);
-					assert_int_equal(len, TFAB_WIRE_BLOB_HDR + b.addr_len);
-					assert_int_equal(blob_decode_exact(buf, len, &d), 0);
-					assert_blob_equal(&b, &d);
+	for (size_t i = 0; i < sizeof(names); i++)
+		names[i] = (char)('a' + i % 26);
+	for (size_t i = 0; i < sizeof(host); i++)
+		host[i] = (char)(i * 13 + 1);
+
+	/* Every header limit, with the sample's paths. */
+	for (size_t s = 0; s < 3; s++)
+		for (size_t z = 0; z < 3; z++)
+			for (size_t p = 0; p < 3; p++) {
+				sample_blob(&b);
+				b.ring_slots = slots[s];
+				b.slot_size = sizes[z];
+				b.peer_id = peers[p];
+				blob_round_trip(&b);
+			}
+
+	/*
+	 * 1 to 4 paths, each host length; over v, every path position sees every name and
+	 * address length (12 is a multiple of 3 and 4) and both values of same_host.
+	 */
+	for (unsigned np = 1; np <= TFAB_WIRE_MAX_PATHS; np++)
+		for (size_t h = 0; h < sizeof(host_lens) / sizeof(host_lens[0]); h++)
+			for (unsigned v = 0; v < 12; v++) {
+				memset(&b, 0, sizeof(b));
+				b.ring_slots = slots[v % 3];
+				b.slot_size = sizes[(v + 1) % 3];
+				b.peer_id = peers[(v + 2) % 3];
+				b.host_len = host_lens[h];
+				b.host = b.host_len ? host : NULL;
+				b.npaths = (uint16_t)np;
+				for (unsigned i = 0; i < np; i++) {
+					struct tfab_wire_path *w = &b.paths[i];
+
+					w->ring_raddr = i ? UINT64_MAX - v : 0;
+					w->ring_rkey = 0x8000000000000000ull | (v * 4 + i);
+					w->name_len = name_lens[(v + i) % 3];
+					w->name = names + i;
+					w->addr_len = addr_lens[(v + i) % 4];
+					w->addr = addr + i;
+					w->same_host = ((v >> 1) + i) & 1;
 				}
+				blob_round_trip(&b);
+			}
 }
 
 /* The decode API returns no length, so a blob may sit in a bigger buffer of the caller's. */
@@ -381,6 +546,12 @@ static void test_blob_trailing_bytes_ignored(void **state)
 	memcpy(buf, blob_bytes, sizeof(blob_bytes));
 	memset(buf + sizeof(blob_bytes), 0xff, 16);
 	sample_blob(&b);
+	assert_int_equal(blob_decode_exact(buf, sizeof(buf), &d), 0);
+	assert_blob_equal(&b, &d);
+
+	/* With npaths 1, the second path is such bytes. */
+	buf[B_NPATHS] = 1;
+	b.npaths = 1;
 	assert_int_equal(blob_decode_exact(buf, sizeof(buf), &d), 0);
 	assert_blob_equal(&b, &d);
 }
@@ -400,96 +571,300 @@ static void blob_reject_patched(size_t off, uint64_t v, size_t n, int rc)
 	expect_blob_reject(buf, sizeof(buf), rc);
 }
 
-static void test_blob_reject(void **state)
+/* A hand-built blob: the sample's header fields, host_len bytes of host. */
+static void raw_blob(struct raw *r, uint16_t npaths, uint16_t host_len)
 {
-	uint8_t big[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR + 1];
+	r->n = 0;
+	raw_le(r, TFAB_WIRE_MAGIC, 4);
+	raw_le(r, 2, 2);
+	raw_le(r, npaths, 2);
+	raw_le(r, 64, 4);
+	raw_le(r, 1024, 4);
+	raw_le(r, 0xabcde, 4);
+	raw_le(r, host_len, 2);
+	raw_le(r, 0, 2);
+	raw_fill(r, 'h', host_len);
+}
+
+/* A hand-built path entry with name_len name bytes and addr_len address bytes. */
+static void raw_path(struct raw *r, uint8_t name_len, uint8_t flags, uint16_t addr_len)
+{
+	raw_le(r, name_len, 1);
+	raw_le(r, flags, 1);
+	raw_le(r, addr_len, 2);
+	raw_le(r, 0x10000, 8);
+	raw_le(r, 0x55, 8);
+	raw_fill(r, 'n', name_len);
+	raw_fill(r, 0xa5, addr_len);
+}
+
+/*
+ * npaths paths, all valid but path bad, which has the fields given; every byte the fields
+ * declare is there, so only the field's own range can refuse it.
+ */
+static void raw_paths(struct raw *r, unsigned npaths, unsigned bad, uint8_t name_len, uint8_t flags,
+		      uint16_t addr_len)
+{
+	raw_blob(r, (uint16_t)npaths, 5);
+	for (unsigned i = 0; i < npaths; i++) {
+		if (i == bad)
+			raw_path(r, name_len, flags, addr_len);
+		else
+			raw_path(r, 3, 0, 2);
+	}
+}
+
+/* Refused in every position of 1 to 4 paths. */
+static void path_reject(uint8_t name_len, uint8_t flags, uint16_t addr_len)
+{
+	struct raw r;
+
+	for (unsigned np = 1; np <= TFAB_WIRE_MAX_PATHS; np++)
+		for (unsigned bad = 0; bad < np; bad++) {
+			raw_paths(&r, np, bad, name_len, flags, addr_len);
+			expect_blob_reject(r.b, r.n, -TFAB_ERR_PROTOCOL);
+		}
+}
+
+/* Accepted in every position of 1 to 4 paths, and decoded as given. */
+static void path_accept(uint8_t name_len, uint8_t flags, uint16_t addr_len)
+{
+	struct tfab_wire_blob d;
+	struct raw r;
+
+	for (unsigned np = 1; np <= TFAB_WIRE_MAX_PATHS; np++)
+		for (unsigned at = 0; at < np; at++) {
+			raw_paths(&r, np, at, name_len, flags, addr_len);
+			assert_int_equal(blob_decode_exact(r.b, r.n, &d), 0);
+			assert_int_equal(d.npaths, np);
+			assert_int_equal(d.paths[at].name_len, name_len);
+			assert_int_equal(d.paths[at].same_host, flags);
+			assert_int_equal(d.paths[at].addr_len, addr_len);
+		}
+}
+
+static void test_blob_reject_header(void **state)
+{
+	struct tfab_wire_blob d;
+	uint8_t buf[sizeof(blob_bytes)];
+	struct raw r;
 
 	(void)state;
 	/* Magic. */
 	blob_reject_patched(0, 0x42414655, 4, -TFAB_ERR_PROTOCOL);
 	blob_reject_patched(0, 0x54464142, 4, -TFAB_ERR_PROTOCOL); /* big-endian "TFAB" */
 	blob_reject_patched(0, 0, 4, -TFAB_ERR_PROTOCOL);
+
 	/* Version: another version with a good magic is a version mismatch... */
-	blob_reject_patched(4, 0, 2, -TFAB_ERR_VERSION);
-	blob_reject_patched(4, 2, 2, -TFAB_ERR_VERSION);
-	blob_reject_patched(4, 0x100, 2, -TFAB_ERR_VERSION);
-	blob_reject_patched(4, 0xffff, 2, -TFAB_ERR_VERSION);
-	/* ...even when the rest is shaped for that version, or absent. */
-	{
-		uint8_t v2[6];
+	blob_reject_patched(B_VERSION, 0, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 1, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 3, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 0x200, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 0xffff, 2, -TFAB_ERR_VERSION);
+	/* ...a version 1 blob too, whole or cut anywhere after its version... */
+	for (size_t len = 6; len <= sizeof(v1_blob_bytes); len++)
+		expect_blob_reject(v1_blob_bytes, len, -TFAB_ERR_VERSION);
+	expect_blob_reject(v1_blob_bytes, 5, -TFAB_ERR_PROTOCOL);
+	/* ...but with a bad magic it is not our protocol at all, whatever the version. */
+	memcpy(buf, v1_blob_bytes, sizeof(v1_blob_bytes));
+	buf[0] ^= 1;
+	expect_blob_reject(buf, sizeof(v1_blob_bytes), -TFAB_ERR_PROTOCOL);
+	memcpy(buf, blob_bytes, sizeof(buf));
+	buf[3] ^= 0x80;
+	expect_blob_reject(buf, sizeof(buf), -TFAB_ERR_PROTOCOL);
 
-		memcpy(v2, blob_bytes, 6);
-		v2[4] = 2;
-		expect_blob_reject(v2, sizeof(v2), -TFAB_ERR_VERSION);
-		expect_blob_reject(v2, 5, -TFAB_ERR_PROTOCOL);
-	}
-	/* ...but with a bad magic it is not our protocol at all. */
-	{
-		uint8_t buf[sizeof(blob_bytes)];
+	/* npaths: none, over the maximum, more than the blob holds. */
+	blob_reject_patched(B_NPATHS, 0, 2, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_NPATHS, TFAB_WIRE_MAX_PATHS + 1, 2, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_NPATHS, 0x102, 2, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_NPATHS, 0xffff, 2, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_NPATHS, 3, 2, -TFAB_ERR_PROTOCOL);
+	/* Five whole paths are there: only the limit refuses them. */
+	raw_blob(&r, TFAB_WIRE_MAX_PATHS + 1, 0);
+	for (unsigned i = 0; i < TFAB_WIRE_MAX_PATHS + 1; i++)
+		raw_path(&r, 3, 0, 2);
+	expect_blob_reject(r.b, r.n, -TFAB_ERR_PROTOCOL);
 
-		memcpy(buf, blob_bytes, sizeof(buf));
-		buf[0] ^= 1;
-		buf[4] = 2;
-		expect_blob_reject(buf, sizeof(buf), -TFAB_ERR_PROTOCOL);
-	}
-	/* addr_len: 0, over the maximum, beyond the buffer. */
-	blob_reject_patched(6, 0, 2, -TFAB_ERR_PROTOCOL);
-	blob_reject_patched(6, 4, 2, -TFAB_ERR_PROTOCOL);
-	blob_reject_patched(6, 0xffff, 2, -TFAB_ERR_PROTOCOL);
-	memset(big, 0, sizeof(big));
-	memcpy(big, blob_bytes, TFAB_WIRE_BLOB_HDR);
-	patch_le(big + 6, TFAB_WIRE_MAX_ADDR + 1, 2);
-	expect_blob_reject(big, sizeof(big), -TFAB_ERR_PROTOCOL);
-	patch_le(big + 6, TFAB_WIRE_MAX_ADDR, 2);
-	expect_blob_reject(big, sizeof(big) - 2, -TFAB_ERR_PROTOCOL);
 	/* ring_slots. */
-	blob_reject_patched(24, 0, 4, -TFAB_ERR_PROTOCOL);
-	blob_reject_patched(24, TFAB_WIRE_MAX_SLOTS + 1, 4, -TFAB_ERR_PROTOCOL);
-	blob_reject_patched(24, UINT32_MAX, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_SLOTS, 0, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_SLOTS, TFAB_WIRE_MAX_SLOTS + 1, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_SLOTS, UINT32_MAX, 4, -TFAB_ERR_PROTOCOL);
 	/* slot_size. */
-	blob_reject_patched(28, 0, 4, -TFAB_ERR_PROTOCOL);
-	blob_reject_patched(28, TFAB_WIRE_MIN_SLOT - 1, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_SIZE, 0, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_SIZE, TFAB_WIRE_MIN_SLOT - 1, 4, -TFAB_ERR_PROTOCOL);
 	/* peer_id. */
-	blob_reject_patched(32, TFAB_WIRE_MAX_PEER_ID + 1, 4, -TFAB_ERR_PROTOCOL);
-	blob_reject_patched(32, UINT32_MAX, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_PEER, TFAB_WIRE_MAX_PEER_ID + 1, 4, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_PEER, UINT32_MAX, 4, -TFAB_ERR_PROTOCOL);
 	/* reserved. */
-	for (size_t i = 0; i < 4; i++)
-		blob_reject_patched(36 + i, 1, 1, -TFAB_ERR_PROTOCOL);
+	for (size_t i = 0; i < 2; i++)
+		for (unsigned v = 1; v < 0x100; v <<= 1)
+			blob_reject_patched(B_RESERVED + i, v, 1, -TFAB_ERR_PROTOCOL);
+
+	/* host_len: over the maximum with every byte there, then beyond the buffer. */
+	raw_blob(&r, 1, TFAB_WIRE_MAX_HOST + 1);
+	raw_path(&r, 3, 0, 2);
+	expect_blob_reject(r.b, r.n, -TFAB_ERR_PROTOCOL);
+	raw_blob(&r, 1, TFAB_WIRE_MAX_HOST);
+	raw_path(&r, 3, 0, 2);
+	assert_int_equal(blob_decode_exact(r.b, r.n, &d), 0);
+	assert_int_equal(d.host_len, TFAB_WIRE_MAX_HOST);
+	blob_reject_patched(B_HOST_LEN, 0xffff, 2, -TFAB_ERR_PROTOCOL);
+	raw_blob(&r, 1, TFAB_WIRE_MAX_HOST);
+	expect_blob_reject(r.b, r.n - 1, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(B_HOST_LEN, sizeof(blob_bytes), 2, -TFAB_ERR_PROTOCOL);
 }
 
-/* The limits themselves are accepted. */
-static void test_blob_accept_limits(void **state)
+static void test_blob_reject_paths(void **state)
 {
-	uint8_t big[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR];
+	uint8_t big[BLOB_MAX];
 	struct tfab_wire_blob d;
+	struct raw r;
 
 	(void)state;
+	/* Each field of each path of blob_bytes, patched. */
+	for (size_t p = 0; p < 2; p++) {
+		size_t at = p ? PATH1 : PATH0;
+
+		/* name_len. */
+		blob_reject_patched(at + P_NAME_LEN, 0, 1, -TFAB_ERR_PROTOCOL);
+		blob_reject_patched(at + P_NAME_LEN, TFAB_WIRE_MAX_PATH_NAME + 1, 1,
+				    -TFAB_ERR_PROTOCOL);
+		blob_reject_patched(at + P_NAME_LEN, 0xff, 1, -TFAB_ERR_PROTOCOL);
+		/* flags: bit 0 only. */
+		for (unsigned v = 2; v < 0x100; v++)
+			blob_reject_patched(at + P_FLAGS, v, 1, -TFAB_ERR_PROTOCOL);
+		/* addr_len. */
+		blob_reject_patched(at + P_ADDR_LEN, 0, 2, -TFAB_ERR_PROTOCOL);
+		blob_reject_patched(at + P_ADDR_LEN, TFAB_WIRE_MAX_ADDR + 1, 2, -TFAB_ERR_PROTOCOL);
+		blob_reject_patched(at + P_ADDR_LEN, 0xffff, 2, -TFAB_ERR_PROTOCOL);
+	}
+	/* The last path's name or address running past the end. */
+	blob_reject_patched(PATH1 + P_NAME_LEN, 8, 1, -TFAB_ERR_PROTOCOL);
+	blob_reject_patched(PATH1 + P_ADDR_LEN, 4, 2, -TFAB_ERR_PROTOCOL);
+
+	/* Each bad field in every position of 1 to 4 paths, with every declared byte there. */
+	path_reject(0, 0, 2);
+	path_reject(TFAB_WIRE_MAX_PATH_NAME + 1, 0, 2);
+	path_reject(0xff, 0, 2);
+	path_reject(3, 2, 2);
+	path_reject(3, 3, 2);
+	path_reject(3, 0x80, 2);
+	path_reject(3, 0xff, 2);
+	path_reject(3, 0, 0);
+	path_reject(3, 0, TFAB_WIRE_MAX_ADDR + 1);
+	path_reject(TFAB_WIRE_MAX_PATH_NAME + 1, 1, TFAB_WIRE_MAX_ADDR + 1);
+	/* ...and the limits themselves in the same positions. */
+	path_accept(1, 0, 1);
+	path_accept(TFAB_WIRE_MAX_PATH_NAME, 1, 2);
+	path_accept(3, 1, TFAB_WIRE_MAX_ADDR);
+
+	/* The longest address, one byte short. */
+	raw_blob(&r, 1, 0);
+	raw_path(&r, 3, 0, TFAB_WIRE_MAX_ADDR);
+	assert_int_equal(blob_decode_exact(r.b, r.n, &d), 0);
+	expect_blob_reject(r.b, r.n - 1, -TFAB_ERR_PROTOCOL);
+	/* An address over the maximum, with its bytes there and more. */
 	memset(big, 0x33, sizeof(big));
-	memcpy(big, blob_bytes, TFAB_WIRE_BLOB_HDR);
-	patch_le(big + 6, TFAB_WIRE_MAX_ADDR, 2);
-	patch_le(big + 24, TFAB_WIRE_MAX_SLOTS, 4);
-	patch_le(big + 28, TFAB_WIRE_MIN_SLOT, 4);
-	patch_le(big + 32, TFAB_WIRE_MAX_PEER_ID, 4);
-	assert_int_equal(blob_decode_exact(big, sizeof(big), &d), 0);
-	assert_int_equal(d.addr_len, TFAB_WIRE_MAX_ADDR);
+	raw_blob(&r, 1, 0);
+	raw_path(&r, 3, 0, TFAB_WIRE_MAX_ADDR + 1);
+	memcpy(big, r.b, r.n);
+	expect_blob_reject(big, sizeof(big), -TFAB_ERR_PROTOCOL);
+}
+
+/* The largest blob, hand-built with every field at its limit. */
+static void raw_max_blob(struct raw *r)
+{
+	r->n = 0;
+	raw_le(r, TFAB_WIRE_MAGIC, 4);
+	raw_le(r, 2, 2);
+	raw_le(r, TFAB_WIRE_MAX_PATHS, 2);
+	raw_le(r, TFAB_WIRE_MAX_SLOTS, 4);
+	raw_le(r, TFAB_WIRE_MIN_SLOT, 4);
+	raw_le(r, TFAB_WIRE_MAX_PEER_ID, 4);
+	raw_le(r, TFAB_WIRE_MAX_HOST, 2);
+	raw_le(r, 0, 2);
+	raw_fill(r, 'h', TFAB_WIRE_MAX_HOST);
+	for (unsigned i = 0; i < TFAB_WIRE_MAX_PATHS; i++) {
+		raw_le(r, TFAB_WIRE_MAX_PATH_NAME, 1);
+		raw_le(r, 1, 1);
+		raw_le(r, TFAB_WIRE_MAX_ADDR, 2);
+		raw_le(r, UINT64_MAX - i, 8);
+		raw_le(r, i, 8);
+		raw_fill(r, (uint8_t)('A' + i), TFAB_WIRE_MAX_PATH_NAME);
+		raw_fill(r, (uint8_t)(0x30 + i), TFAB_WIRE_MAX_ADDR);
+	}
+}
+
+/* The limits themselves are accepted, and re-encode to the same bytes. */
+static void test_blob_accept_limits(void **state)
+{
+	static struct raw r;
+	uint8_t out[BLOB_MAX];
+	struct tfab_wire_blob d;
+	size_t n = 0;
+
+	(void)state;
+	raw_max_blob(&r);
+	assert_int_equal(r.n, BLOB_MAX);
+	assert_int_equal(blob_decode_exact(r.b, r.n, &d), 0);
+	assert_int_equal(d.npaths, TFAB_WIRE_MAX_PATHS);
 	assert_int_equal(d.ring_slots, TFAB_WIRE_MAX_SLOTS);
 	assert_int_equal(d.slot_size, TFAB_WIRE_MIN_SLOT);
 	assert_int_equal(d.peer_id, TFAB_WIRE_MAX_PEER_ID);
-	assert_int_equal(d.addr[TFAB_WIRE_MAX_ADDR - 1], 0x33);
+	assert_int_equal(d.host_len, TFAB_WIRE_MAX_HOST);
+	assert_int_equal(d.host[TFAB_WIRE_MAX_HOST - 1], 'h');
+	for (unsigned i = 0; i < TFAB_WIRE_MAX_PATHS; i++) {
+		assert_int_equal(d.paths[i].name_len, TFAB_WIRE_MAX_PATH_NAME);
+		assert_int_equal(d.paths[i].addr_len, TFAB_WIRE_MAX_ADDR);
+		assert_true(d.paths[i].same_host);
+		assert_true(d.paths[i].ring_raddr == UINT64_MAX - i);
+		assert_true(d.paths[i].ring_rkey == i);
+		assert_int_equal(d.paths[i].name[TFAB_WIRE_MAX_PATH_NAME - 1], 'A' + i);
+		assert_int_equal(d.paths[i].addr[TFAB_WIRE_MAX_ADDR - 1], 0x30 + i);
+	}
+	assert_int_equal(tfab__wire_blob_encode(&d, out, sizeof(out), &n), 0);
+	assert_int_equal(n, r.n);
+	assert_memory_equal(out, r.b, n);
+
+	/* The other ends: one path, no host, one-byte name and address, slot_size UINT32_MAX. */
+	raw_blob(&r, 1, 0);
+	patch_le(r.b + B_SLOTS, 1, 4);
+	patch_le(r.b + B_SIZE, UINT32_MAX, 4);
+	patch_le(r.b + B_PEER, 0, 4);
+	raw_path(&r, 1, 0, 1);
+	assert_int_equal(r.n, TFAB_WIRE_BLOB_HDR + TFAB_WIRE_PATH_HDR + 2);
+	assert_int_equal(blob_decode_exact(r.b, r.n, &d), 0);
+	assert_int_equal(d.npaths, 1);
+	assert_int_equal(d.ring_slots, 1);
+	assert_int_equal(d.slot_size, UINT32_MAX);
+	assert_int_equal(d.peer_id, 0);
+	assert_int_equal(d.host_len, 0);
+	assert_int_equal(d.paths[0].name_len, 1);
+	assert_int_equal(d.paths[0].addr_len, 1);
+	assert_false(d.paths[0].same_host);
+	assert_int_equal(tfab__wire_blob_encode(&d, out, sizeof(out), &n), 0);
+	assert_int_equal(n, r.n);
+	assert_memory_equal(out, r.b, n);
 }
 
 static void test_blob_truncated(void **state)
 {
+	static struct raw r;
+
 	(void)state;
 	for (size_t len = 0; len < sizeof(blob_bytes); len++)
 		expect_blob_reject(blob_bytes, len, -TFAB_ERR_PROTOCOL);
+	raw_max_blob(&r);
+	for (size_t len = 0; len < r.n; len++)
+		expect_blob_reject(r.b, len, -TFAB_ERR_PROTOCOL);
 }
 
 static void blob_encode_fails(const struct tfab_wire_blob *b, size_t cap, int rc)
 {
-	uint8_t buf[64], before[64];
+	static uint8_t buf[BLOB_MAX], before[BLOB_MAX];
 	size_t len = 12345;
 
+	assert_true(cap <= sizeof(buf));
 	memset(buf, 0x5a, sizeof(buf));
 	memcpy(before, buf, sizeof(buf));
 	assert_int_equal(tfab__wire_blob_encode(b, buf, cap, &len), rc);
@@ -503,31 +878,72 @@ static void test_blob_encode_invalid(void **state)
 
 	(void)state;
 	sample_blob(&b);
-	b.addr = NULL;
-	blob_encode_fails(&b, 64, -EINVAL);
+	b.npaths = 0;
+	blob_encode_fails(&b, 128, -EINVAL);
 	sample_blob(&b);
-	b.addr_len = 0;
-	blob_encode_fails(&b, 64, -EINVAL);
+	b.npaths = TFAB_WIRE_MAX_PATHS + 1;
+	blob_encode_fails(&b, 128, -EINVAL);
 	sample_blob(&b);
-	b.addr_len = TFAB_WIRE_MAX_ADDR + 1;
-	blob_encode_fails(&b, 64, -EINVAL);
+	b.host_len = TFAB_WIRE_MAX_HOST + 1;
+	blob_encode_fails(&b, BLOB_MAX, -EINVAL);
+	sample_blob(&b);
+	b.host = NULL;
+	blob_encode_fails(&b, 128, -EINVAL);
 	sample_blob(&b);
 	b.ring_slots = 0;
-	blob_encode_fails(&b, 64, -EINVAL);
+	blob_encode_fails(&b, 128, -EINVAL);
 	sample_blob(&b);
 	b.ring_slots = TFAB_WIRE_MAX_SLOTS + 1;
-	blob_encode_fails(&b, 64, -EINVAL);
+	blob_encode_fails(&b, 128, -EINVAL);
 	sample_blob(&b);
 	b.slot_size = TFAB_WIRE_MIN_SLOT - 1;
-	blob_encode_fails(&b, 64, -EINVAL);
+	blob_encode_fails(&b, 128, -EINVAL);
 	sample_blob(&b);
 	b.peer_id = TFAB_WIRE_MAX_PEER_ID + 1;
-	blob_encode_fails(&b, 64, -EINVAL);
+	blob_encode_fails(&b, 128, -EINVAL);
 
+	/* Each path field, in the first path and the last. */
+	for (unsigned i = 0; i < 2; i++) {
+		sample_blob(&b);
+		b.paths[i].name = NULL;
+		blob_encode_fails(&b, 128, -EINVAL);
+		sample_blob(&b);
+		b.paths[i].addr = NULL;
+		blob_encode_fails(&b, 128, -EINVAL);
+		sample_blob(&b);
+		b.paths[i].name_len = 0;
+		blob_encode_fails(&b, 128, -EINVAL);
+		sample_blob(&b);
+		b.paths[i].name_len = TFAB_WIRE_MAX_PATH_NAME + 1;
+		blob_encode_fails(&b, BLOB_MAX, -EINVAL);
+		sample_blob(&b);
+		b.paths[i].addr_len = 0;
+		blob_encode_fails(&b, 128, -EINVAL);
+		sample_blob(&b);
+		b.paths[i].addr_len = TFAB_WIRE_MAX_ADDR + 1;
+		blob_encode_fails(&b, BLOB_MAX, -EINVAL);
+	}
+}
+
+static void test_blob_encode_nospace(void **state)
+{
+	static struct raw r;
+	struct tfab_wire_blob b;
+	uint8_t buf[sizeof(blob_bytes)];
+	size_t len = 0;
+
+	(void)state;
 	/* Too small a buffer, by any amount. */
 	sample_blob(&b);
 	for (size_t cap = 0; cap < sizeof(blob_bytes); cap++)
 		blob_encode_fails(&b, cap, -ENOSPC);
+	assert_int_equal(tfab__wire_blob_encode(&b, buf, sizeof(buf), &len), 0);
+	assert_int_equal(len, sizeof(blob_bytes));
+
+	/* The largest blob: one byte short. */
+	raw_max_blob(&r);
+	assert_int_equal(blob_decode_exact(r.b, r.n, &b), 0);
+	blob_encode_fails(&b, BLOB_MAX - 1, -ENOSPC);
 }
 
 /* ---- Messages: known bytes ---- */
@@ -535,7 +951,7 @@ static void test_blob_encode_invalid(void **state)
 /* Pinned against doc/protocol.md: header, TENSOR_REQUEST, then the meta-data table. */
 static const uint8_t request_bytes[] = {
     /* header */
-    0x01,		    /* version */
+    0x02,		    /* version */
     0x01,		    /* type TENSOR_REQUEST */
     0x03, 0x00,		    /* flags META_VALID | REREQUEST */
     0x48, 0x00, 0x00, 0x00, /* length 72 */
@@ -562,7 +978,7 @@ static const uint8_t request_bytes[] = {
 };
 
 static const uint8_t meta_data_bytes[] = {
-    0x01, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
+    0x02, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
     0x14, 0x00, 0x00, 0x00,			    /* length 20 */
     0x07, 0x00, 0x00, 0x00,			    /* seq */
     0x00, 0x00, 0x00, 0x00,			    /* reserved */
@@ -573,7 +989,7 @@ static const uint8_t meta_data_bytes[] = {
 };
 
 static const uint8_t error_bytes[] = {
-    0x01, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
+    0x02, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
     0x0c, 0x00, 0x00, 0x00, /* length 12 */
     0x01, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* reserved */
@@ -584,7 +1000,7 @@ static const uint8_t error_bytes[] = {
 };
 
 static const uint8_t cancel_bytes[] = {
-    0x01, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
+    0x02, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
     0x04, 0x00, 0x00, 0x00, /* length 4 */
     0xff, 0xff, 0xff, 0xff, /* seq */
     0x00, 0x00, 0x00, 0x00, /* reserved */
@@ -592,7 +1008,7 @@ static const uint8_t cancel_bytes[] = {
 };
 
 static const uint8_t taken_bytes[] = {
-    0x01, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x02, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
     0x0e, 0x00, 0x00, 0x00, /* length 14 */
     0x03, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* reserved */
@@ -1504,14 +1920,15 @@ static void check_reencode(const uint8_t *buf, size_t len, const struct tfab_wir
 	assert_msg_equal(&d, m);
 }
 
+/* A decoded blob re-encodes to the bytes it was decoded from (the rest of them are ignored). */
 static void check_blob_reencode(const uint8_t *buf, size_t len, const struct tfab_wire_blob *b)
 {
-	uint8_t out[TFAB_WIRE_BLOB_HDR + TFAB_WIRE_MAX_ADDR];
+	static uint8_t out[BLOB_MAX];
 	struct tfab_wire_blob d;
 	size_t n = 0;
 
 	assert_int_equal(tfab__wire_blob_encode(b, out, sizeof(out), &n), 0);
-	assert_int_equal(n, TFAB_WIRE_BLOB_HDR + b->addr_len);
+	assert_int_equal(n, blob_len(b));
 	assert_true(n <= len);
 	assert_memory_equal(out, buf, n);
 	assert_int_equal(blob_decode_exact(out, n, &d), 0);
@@ -1659,28 +2076,48 @@ static void test_fuzz_messages(void **state)
 
 static void test_fuzz_blobs(void **state)
 {
-	uint8_t seed[TFAB_WIRE_BLOB_HDR + 64], buf[sizeof(seed) + 8], addr[64];
+	static struct seed seeds[3];
+	static uint8_t buf[SLOT + 16];
+	uint8_t addr[64];
+	char host[16];
 	struct tfab_wire_blob b;
-	size_t n, ok = 0;
+	size_t count = 3, ok = 0;
 
 	(void)state;
 	rng_state = 0x626c6f62ull;
-	sample_blob(&b);
 	for (size_t i = 0; i < sizeof(addr); i++)
 		addr[i] = (uint8_t)rng();
-	b.addr_len = sizeof(addr);
-	b.addr = addr;
-	assert_int_equal(tfab__wire_blob_encode(&b, seed, sizeof(seed), &n), 0);
+	for (size_t i = 0; i < sizeof(host); i++)
+		host[i] = (char)rng();
+	/* The sample, four paths with a host, one path without. */
+	memcpy(seeds[0].b, blob_bytes, sizeof(blob_bytes));
+	seeds[0].n = sizeof(blob_bytes);
+	sample_blob(&b);
+	b.host_len = sizeof(host);
+	b.host = host;
+	b.npaths = TFAB_WIRE_MAX_PATHS;
+	for (unsigned i = 0; i < TFAB_WIRE_MAX_PATHS; i++) {
+		b.paths[i] = b.paths[i % 2];
+		b.paths[i].addr_len = (uint16_t)(16 * (i + 1));
+		b.paths[i].addr = addr;
+	}
+	assert_int_equal(tfab__wire_blob_encode(&b, seeds[1].b, SLOT, &seeds[1].n), 0);
+	sample_blob(&b);
+	b.host_len = 0;
+	b.npaths = 1;
+	b.paths[0].same_host = false;
+	assert_int_equal(tfab__wire_blob_encode(&b, seeds[2].b, SLOT, &seeds[2].n), 0);
 
 	for (size_t it = 0; it < FUZZ_BLOB_ITERS; it++) {
+		const struct seed *s = &seeds[rng_below(count)];
 		size_t len;
 		int rc;
 
 		for (size_t i = 0; i < sizeof(buf); i++)
 			buf[i] = (uint8_t)rng();
-		memcpy(buf, seed, n);
-		mutate(buf, TFAB_WIRE_BLOB_HDR);
-		len = rng_below(2) ? n : rng_below(sizeof(buf) + 1);
+		memcpy(buf, s->b, s->n);
+		mutate(buf, rng_below(4) ? s->n : TFAB_WIRE_BLOB_HDR);
+		len = rng_below(2) ? s->n : rng_below(s->n + 17);
 		rc = blob_decode_exact(buf, len, &b);
 		if (rc == 0) {
 			ok++;
@@ -1693,15 +2130,21 @@ static void test_fuzz_blobs(void **state)
 	}
 	assert_true(ok > FUZZ_BLOB_ITERS / 100);
 
+	/* Purely random bytes, then random bytes behind a plausible header. */
 	for (size_t it = 0; it < FUZZ_RANDOM_ITERS / 2; it++) {
 		size_t len = rng_below(sizeof(buf) + 1);
 		int rc;
 
 		for (size_t i = 0; i < len; i++)
 			buf[i] = (uint8_t)rng();
-		if ((it & 1) && len >= 6) {
-			memcpy(buf, "TFAB\1\0", 6);
-			patch_le(buf + 6, rng_below(len + 1), 2);
+		if ((it & 1) && len >= TFAB_WIRE_BLOB_HDR) {
+			memcpy(buf, "TFAB\2\0", 6);
+			patch_le(buf + B_NPATHS, 1 + rng_below(TFAB_WIRE_MAX_PATHS), 2);
+			patch_le(buf + B_SLOTS, 1 + rng_below(TFAB_WIRE_MAX_SLOTS), 4);
+			patch_le(buf + B_SIZE, TFAB_WIRE_MIN_SLOT + rng_below(4096), 4);
+			patch_le(buf + B_PEER, rng_below(TFAB_WIRE_MAX_PEER_ID + 1), 4);
+			patch_le(buf + B_HOST_LEN, rng_below(len - TFAB_WIRE_BLOB_HDR + 1), 2);
+			patch_le(buf + B_RESERVED, 0, 2);
 		}
 		rc = blob_decode_exact(buf, len, &b);
 		if (rc == 0)
@@ -1777,10 +2220,12 @@ int main(void)
 	    cmocka_unit_test(test_blob_known_bytes),
 	    cmocka_unit_test(test_blob_round_trip),
 	    cmocka_unit_test(test_blob_trailing_bytes_ignored),
-	    cmocka_unit_test(test_blob_reject),
+	    cmocka_unit_test(test_blob_reject_header),
+	    cmocka_unit_test(test_blob_reject_paths),
 	    cmocka_unit_test(test_blob_accept_limits),
 	    cmocka_unit_test(test_blob_truncated),
 	    cmocka_unit_test(test_blob_encode_invalid),
+	    cmocka_unit_test(test_blob_encode_nospace),
 	    cmocka_unit_test(test_msg_known_bytes),
 	    cmocka_unit_test(test_request_round_trip),
 	    cmocka_unit_test(test_meta_data_round_trip),

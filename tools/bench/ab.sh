@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 #
-# ab.sh: before and after a change, in one run. Runs `tfab-perf all` (raw, then tensor) from
-# two builds, interleaved (before, after, before, after, ...) so that drifting load hits both
-# alike, and prints per provider, test and size the median bandwidth and latency of each
-# build and the after/before ratios.
+# ab.sh: before and after a change, in one run. Runs `tfab-perf all` (memcpy, raw, then tensor)
+# from two builds, interleaved (before, after, before, after, ...) so that drifting load hits
+# both alike, and prints per provider, test and size the median bandwidth and latency of each
+# build, the after/before ratios, and the after build's bandwidth over the memcpy of its runs
+# (the bound of a same-host transfer; a build without memcpy rows leaves their cells "-").
 #
 # usage: tools/bench/ab.sh BEFORE_BUILD AFTER_BUILD [SIZES] [REPS]
 #   BEFORE_BUILD, AFTER_BUILD  meson build folders holding tools/tfab-perf (for the "before",
@@ -15,7 +16,7 @@
 # Exits non-zero if any run failed.
 set -u
 if [ $# -lt 2 ]; then
-	sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 fi
 before=$1/tools/tfab-perf
@@ -58,14 +59,27 @@ for line in open(sys.argv[1]):
     rows.setdefault(key, {"before": [], "after": []})[side].append(j)
 def med(xs, f):
     v = [x[f] for x in xs if x.get(f) is not None]
-    return statistics.median(v) if v else float("nan")
-print("| provider | test | bytes | before GB/s | after GB/s | ratio | before lat us | after lat us | ratio |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for (prov, test, size), s in rows.items():
+    return statistics.median(v) if v else None
+def div(a, b):
+    return a / b if a is not None and b else None
+def cell(v, fmt):
+    return format(v, fmt) if v is not None else "-"
+print("| provider | test | bytes | before GB/s | after GB/s | ratio | after / memcpy "
+      "| before lat us | after lat us | ratio |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+provs = list(dict.fromkeys(k[0] for k in rows))
+rank = {"memcpy": 0, "raw": 1, "tensor": 2}
+order = sorted(rows, key=lambda k: (provs.index(k[0]), rank.get(k[1], 3), k[1], k[2]))
+for prov, test, size in order:
+    s = rows[(prov, test, size)]
     b, a = s["before"], s["after"]
-    bg, ag, bl, al = med(b, "GBps"), med(a, "GBps"), med(b, "lat_us"), med(a, "lat_us")
-    rg = ag / bg if bg else float("nan")
-    rl = al / bl if bl else float("nan")
-    print(f"| {prov} | {test} | {size} | {bg:.4g} | {ag:.4g} | {rg:.2f} | {bl:.2f} | {al:.2f} | {rl:.2f} |")
+    # gbps carries more digits than GBps for small sizes
+    bg, ag = div(med(b, "gbps"), 8), div(med(a, "gbps"), 8)
+    bl, al = med(b, "lat_us"), med(a, "lat_us")
+    mc = rows.get((prov, "memcpy", size), {}).get("after", [])
+    bound = None if test == "memcpy" else div(med(mc, "gbps"), 8)
+    print(f"| {prov} | {test} | {size} | {cell(bg, '.4g')} | {cell(ag, '.4g')} "
+          f"| {cell(div(ag, bg), '.2f')} | {cell(div(ag, bound), '.3g')} "
+          f"| {cell(bl, '.3f')} | {cell(al, '.3f')} | {cell(div(al, bl), '.2f')} |")
 PY
 exit $status

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 #
 # compare-raw.sh: `tfab-perf raw` against ofi-ref, a plain libfabric program doing the same
-# writes, on the same machine in one run. Runs are interleaved (ref, tfab, ref, tfab, ...) so
-# that drifting load hits both alike; the table gives medians and tfab/ref ratios.
+# writes, on the same machine in one run. Runs are interleaved (ref, tfab, memcpy, ref, tfab,
+# memcpy, ...) so that drifting load hits all alike; the table gives medians, tfab/ref ratios,
+# and `tfab-perf memcpy` with tfab's fraction of it (the bound of a same-host transfer).
 #
 # usage: tools/bench/compare-raw.sh [BUILD_DIR] [SIZES] [REPS]
 #   BUILD_DIR  meson build folder holding tools/tfab-perf (default: build, at the repo root)
@@ -63,6 +64,10 @@ tfab_cmd() {
 	echo "FI_PROVIDER=$1 $tfab raw -p ofi:$1 -s $2 -n $3 -w 4 --json"
 }
 
+memcpy_cmd() {
+	echo "$tfab memcpy -s $1 -n $2 --json"
+}
+
 # Someone may be relinking tfab-perf: give it a minute to come back.
 wait_for_tfab() {
 	local i
@@ -75,12 +80,13 @@ wait_for_tfab() {
 
 IFS=, read -ra size_list <<<"$sizes"
 
-echo "commands, each run $reps times, interleaved ref then tfab:"
+echo "commands, each run $reps times, interleaved ref, tfab, memcpy:"
 for p in $providers; do
 	for s in "${size_list[@]}"; do
 		n=$(iters_for "$s")
 		echo "  $(ref_cmd "$p" "$s" "$n")"
 		echo "  $(tfab_cmd "$p" "$s" "$n")"
+		echo "  $(memcpy_cmd "$s" "$n")"
 	done
 done
 echo
@@ -94,7 +100,7 @@ failed=0
 # One run; its JSON line goes to the results file tagged "provider size tool".
 run_one() {
 	local tool=$1 p=$2 s=$3 n=$4 out=$work/out err=$work/err rc line
-	if [[ $tool == tfab ]] && ! wait_for_tfab; then
+	if [[ $tool != ref ]] && ! wait_for_tfab; then
 		echo "compare-raw: $tfab is missing" >&2
 		failed=1
 		return
@@ -102,9 +108,11 @@ run_one() {
 	if [[ $tool == ref ]]; then
 		FI_PROVIDER=$p timeout "$run_timeout" "$ref" -p "$p" -s "$s" -n "$n" -w 4 --json \
 			>"$out" 2>"$err"
-	else
+	elif [[ $tool == tfab ]]; then
 		FI_PROVIDER=$p timeout "$run_timeout" "$tfab" raw -p "ofi:$p" -s "$s" -n "$n" -w 4 \
 			--json >"$out" 2>"$err"
+	else
+		timeout "$run_timeout" "$tfab" memcpy -s "$s" -n "$n" --json >"$out" 2>"$err"
 	fi
 	rc=$?
 	line=$(grep -m1 '^{' "$out")
@@ -124,6 +132,7 @@ for p in $providers; do
 			echo "  $p $s: run $r of $reps" >&2
 			run_one ref "$p" "$s" "$n"
 			run_one tfab "$p" "$s" "$n"
+			run_one memcpy "$p" "$s" "$n"
 		done
 	done
 done
@@ -155,32 +164,36 @@ def ratio(a, b):
     return "%.2f" % (a / b) if a is not None and b else "-"
 
 hdr = ("provider", "bytes", "ref GB/s", "tfab GB/s", "ratio", "ref lat us", "tfab lat us",
-       "lat ratio")
-fmt = "%-9s %10s %10s %10s %7s %11s %12s %10s"
+       "lat ratio", "memcpy GB/s", "tfab/memcpy")
+fmt = "%-9s %10s %10s %10s %7s %11s %12s %10s %12s %12s"
 print(fmt % hdr)
 for prov in providers:
     for s in sizes:
         n = bytes_of(s)
         ref, tf = runs.get((prov, n, "ref"), []), runs.get((prov, n, "tfab"), [])
+        mc = runs.get((prov, n, "memcpy"), [])
         # gbps carries more digits than GBps for small writes
-        rb, tb = med(ref, "gbps"), med(tf, "gbps")
-        rb, tb = (rb / 8 if rb is not None else None), (tb / 8 if tb is not None else None)
+        rb, tb, mb = med(ref, "gbps"), med(tf, "gbps"), med(mc, "gbps")
+        rb, tb, mb = [v / 8 if v is not None else None for v in (rb, tb, mb)]
         rl, tl = med(ref, "lat_us"), med(tf, "lat_us")
         row = fmt % (prov, n, num(rb, "%.4f"), num(tb, "%.4f"), ratio(tb, rb),
-                     num(rl, "%.3f"), num(tl, "%.3f"), ratio(tl, rl))
-        if len(ref) != reps or len(tf) != reps:
-            row += "  (runs that finished: ref %d, tfab %d of %d)" % (len(ref), len(tf), reps)
+                     num(rl, "%.3f"), num(tl, "%.3f"), ratio(tl, rl), num(mb, "%.4f"),
+                     ("%.3f" % (tb / mb)) if tb is not None and mb else "-")
+        if len(ref) != reps or len(tf) != reps or len(mc) != reps:
+            row += "  (runs that finished: ref %d, tfab %d, memcpy %d of %d)" % (
+                len(ref), len(tf), len(mc), reps)
         print(row)
 print("ratio = tfab/ref bandwidth (1.00 is parity, lower is slower); "
-      "lat ratio = tfab/ref latency (higher is slower); medians of %d runs" % reps)
+      "lat ratio = tfab/ref latency (higher is slower); tfab/memcpy = tfab's bandwidth over "
+      "one thread's memcpy (the same-host bound); medians of %d runs" % reps)
 print()
 print("every run, in run order (GB/s @ lat us):")
 for prov in providers:
     for s in sizes:
         n = bytes_of(s)
-        for tool in ("ref", "tfab"):
+        for tool in ("ref", "tfab", "memcpy"):
             rs = runs.get((prov, n, tool), [])
-            print("  %-4s %-5s %9d  %s" % (prov, tool, n, "  ".join(
+            print("  %-4s %-6s %9d  %s" % (prov, tool, n, "  ".join(
                 "%.4f@%.3f" % (r["gbps"] / 8, r["lat_us"]) for r in rs)))
 EOF
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# tensor-vs-raw.sh: runs `tfab-perf all` (raw, then tensor, in one run) REPS times per
+# tensor-vs-raw.sh: runs `tfab-perf all` (memcpy, raw, then tensor, in one run) REPS times per
 # provider and prints, per size, the median tensor/raw bandwidth ratio, the median ratio of
-# tensor latency to raw one-way latency, and copies (must be 0).
+# tensor latency to raw one-way latency, copies (must be 0), and the median bandwidth of
+# memcpy in the same runs with raw's and tensor's fractions of it (the same-host bound).
 #
 # usage: tools/bench/tensor-vs-raw.sh [BUILD_DIR] [SIZES] [REPS]   (PROVIDERS="shm tcp")
 set -u
@@ -34,14 +35,22 @@ rows = {}
 for (prov, size, rep), t in runs.items():
     if "raw" in t and "tensor" in t:
         r, n = t["raw"], t["tensor"]
+        m = t["memcpy"]["gbps"] if "memcpy" in t else None
         rows.setdefault((prov, size), []).append(
             (n["gbps"] / r["gbps"] if r["gbps"] else 0, n["lat_us"] / r["lat_us"],
-             n["copies"], r["gbps"] / 8, n["gbps"] / 8, r["lat_us"], n["lat_us"]))
+             n["copies"], r["gbps"] / 8, n["gbps"] / 8, r["lat_us"], n["lat_us"],
+             m / 8 if m is not None else None,
+             r["gbps"] / m if m else None, n["gbps"] / m if m else None))
 print(f"{'provider':8} {'bytes':>10} {'raw GB/s':>9} {'tensor GB/s':>11} {'bw ratio':>9} "
-      f"{'raw lat':>9} {'tensor lat':>10} {'lat ratio':>9} {'copies':>6}  per-run bw ratios")
+      f"{'raw lat':>9} {'tensor lat':>10} {'lat ratio':>9} {'copies':>6} "
+      f"{'memcpy GB/s':>11} {'raw/memcpy':>10} {'tensor/memcpy':>13}  per-run bw ratios")
 for (prov, size), v in sorted(rows.items()):
-    med = lambda i: statistics.median(x[i] for x in v)
+    def med(i):
+        xs = [x[i] for x in v if x[i] is not None]
+        return statistics.median(xs) if xs else None
+    opt = lambda i, w, f: format(med(i), f).rjust(w) if med(i) is not None else "-".rjust(w)
     print(f"{prov:8} {size:>10} {med(3):9.3f} {med(4):11.3f} {med(0):9.2f} {med(5):9.2f} "
-          f"{med(6):10.2f} {med(1):9.2f} {max(x[2] for x in v):6}  "
+          f"{med(6):10.2f} {med(1):9.2f} {max(x[2] for x in v):6} "
+          f"{opt(7, 11, '.3f')} {opt(8, 10, '.3f')} {opt(9, 13, '.3f')}  "
           + " ".join(f"{x[0]:.2f}" for x in v))
 PY
