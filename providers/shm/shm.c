@@ -1252,6 +1252,19 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 	 */
 	if (nrx && n > n0 + nrx)
 		rotate(ev + n0, nrx, n - n0 - nrx);
+	/*
+	 * The copy budget went: the first connection goes last, so that a long write to one peer
+	 * does not hold back the long writes to the others poll after poll.
+	 */
+	if (!budget && ep->conns && ep->conns->next) {
+		struct tfab_shm_conn *first = ep->conns, *last = first;
+
+		while (last->next)
+			last = last->next;
+		ep->conns = first->next;
+		first->next = NULL;
+		last->next = first;
+	}
 	if (!now)
 		now = now_ns();
 	if (now >= ep->next_rx_check) {
