@@ -88,7 +88,8 @@ assert [b["note"] for b in d["backends"] if b["name"] == "verbs"][0]
 device)
 	check "tfab-info: verbs built in with a device" grep -q '^  verbs  built in$' "$out/info"
 	check "... listed as a usable fabric" grep -qE '^  verbs +[a-z]' "$out/info"
-	check "... and selected by TFAB_PROVIDER=auto" grep -q '^Selected: verbs$' "$out/info"
+	# auto: the same-host path (shm) first, then verbs as the network path.
+	check "... and a path of TFAB_PROVIDER=auto" grep -qE '^  [0-9]+\. verbs ' "$out/info"
 	TFAB_PROVIDER=verbs "$bin/tfab-info" >"$out/sel" 2>/dev/null
 	check "TFAB_PROVIDER=verbs tfab-info selects verbs" grep -q '^Selected: verbs$' "$out/sel"
 	TFAB_PROVIDER=verbs TFAB_VERBS_GID_INDEX=250 "$bin/tfab-info" >/dev/null 2>"$out/err"
