@@ -8,7 +8,7 @@
 #   1 MiB bandwidth       shm >= 2 x ofi:shm
 #   64 MiB bandwidth      shm >= 0.9 x memcpy (one thread, 64 MiB)
 # "shm" writes into mem_alloc memory (one copy, as the engine's pool does); "shm heap" into
-# malloc'd memory (process_vm_writev, or the bounce buffers below 64 KiB).
+# malloc'd memory (process_vm_writev, or the bounce buffers below 32 KiB).
 #
 # usage: tools/bench/shm-bench.sh [BUILD_DIR] [SIZES] [REPS]
 #   BUILD_DIR  meson build folder (default: build, at the repo root)
