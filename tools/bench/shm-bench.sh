@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 #
 # shm-bench.sh: the native shm backend against libfabric's shm through `tfab-perf raw`, and
-# against one thread's memcpy, on this machine in one run. Runs are interleaved (shm,
+# against one thread's memcpy (`tfab-perf memcpy`; tools/memcpy-bw adds the backend's own
+# streaming copy), on this machine in one run. Runs are interleaved (shm,
 # shm --heap-dst, ofi:shm, memcpy, shm, ...) so that drifting load hits all alike; the table
 # gives medians and the ratios that issue 10 sets as targets:
 #   8 B one-way latency   shm <= 0.4 x ofi:shm
@@ -40,6 +41,7 @@ for ((i = 1; i <= reps; i++)); do
 		>>"$out/shm-heap" || failed=1
 	FI_PROVIDER=shm timeout "$run_timeout" "$perf" raw -p ofi:shm -s "$sizes" --json \
 		>>"$out/ofi-shm" || failed=1
+	timeout "$run_timeout" "$perf" memcpy -s 64M --json >>"$out/tfab-memcpy" || failed=1
 	"$memcpy_bw" $((64 << 20)) 5 >>"$out/memcpy" || failed=1
 done
 
@@ -56,9 +58,11 @@ def load(name):
     return rows
 shm, heap, ofi, mc = load("shm"), load("shm-heap"), load("ofi-shm"), load("memcpy")
 med = lambda rows, k: statistics.median(r[k] for r in rows) if rows else float("nan")
-memcpy = med(mc.get("memcpy", []), "GBps")
+memcpy = med(load("tfab-memcpy").get(64 << 20, []), "GBps")
+libc = med(mc.get("memcpy", []), "GBps")
 stream = med(mc.get("stream", []), "GBps")
-print(f"memcpy, one thread, 64 MiB: {memcpy:.2f} GB/s (streaming stores: {stream:.2f} GB/s)")
+print(f"memcpy, one thread, 64 MiB (tfab-perf memcpy): {memcpy:.2f} GB/s; memcpy-bw: "
+      f"memcpy {libc:.2f}, the shm backend's streaming copy {stream:.2f} GB/s")
 print(f"{'bytes':>10} | {'shm GB/s':>9} {'lat us':>7} | {'heap GB/s':>9} {'lat us':>7} | "
       f"{'ofi:shm GB/s':>12} {'lat us':>7} | ratios")
 for size in sorted(shm):
