@@ -92,7 +92,8 @@ int perf_memcpy_run(const struct perf_opts *o);
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o);
 
 /* One result row, or one JSON object. */
-void perf_print_result(const struct perf_opts *o, const char *test, const char *backend,
-		       const char *fabric, const char *domain, const struct perf_result *r);
+void perf_print_result(const struct perf_opts *o, const char *test, const char *path,
+		       const char *backend, const char *fabric, const char *domain,
+		       const struct perf_result *r);
 
 #endif

@@ -98,7 +98,7 @@ int perf_memcpy_run(const struct perf_opts *o)
 			fprintf(stderr, "\r%40s\r", "");
 		if (rc)
 			return rc;
-		perf_print_result(o, "memcpy", "memcpy", "libc", "one thread", &r);
+		perf_print_result(o, "memcpy", "memcpy", "memcpy", "libc", "one thread", &r);
 		failed |= o->verify && !r.verified;
 	}
 	return failed ? -EIO : 0;

@@ -378,6 +378,7 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 	uint16_t port = 0;
 	uint32_t mlen;
 	int rc, tmo = (int)p->cfg.connect_timeout_ms;
+	const char *backend = "", *fabric = "", *domain = "";
 	bool failed = false;
 	int64_t step_base = 0;
 
@@ -405,10 +406,11 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		fprintf(stderr, "tfab-perf: connecting the tensor pair: %s\n", tfab_strerror(rc));
 		goto out;
 	}
+	tfab_peer_fabric(s.peer, &backend, &fabric, &domain);
 	if (p->client)
 		if (p->client && !o->json) {
-			printf("tfab-perf tensor: %s %s on %s\n", tfab_context_backend(s.ctx),
-			       tfab_context_fabric(s.ctx), tfab_context_domain(s.ctx));
+			printf("tfab-perf tensor: path %s (%s %s on %s)\n", tfab_peer_path(s.peer),
+			       backend, fabric, domain);
 			printf("%12s %9s %7s %10s %10s %10s   %-18s %s\n", "bytes", "iters",
 			       "window", "GB/s", "Gb/s", "lat_us", "copies/meta_misses",
 			       "verified");
@@ -447,9 +449,8 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 			r.copies = st.bytes_copied;
 			r.meta_misses = st.meta_misses;
 			r.has_engine = true;
-			perf_print_result(o, "tensor", tfab_context_backend(s.ctx),
-					  tfab_context_fabric(s.ctx), tfab_context_domain(s.ctx),
-					  &r);
+			perf_print_result(o, "tensor", tfab_peer_path(s.peer), backend, fabric,
+					  domain, &r);
 			failed |= o->verify && !r.verified;
 		}
 	}

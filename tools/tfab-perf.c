@@ -109,7 +109,8 @@ static void usage(FILE *f)
 	    "      --listen PORT    be the server, on this TCP port (default: a local pair)\n"
 	    "      --connect H:P    be the client of a server at host:port\n"
 	    "  -h, --help\n\n"
-	    "JSON fields: test, backend, fabric, domain, bytes, iters, window, gbps (gigabits per\n"
+	    "JSON fields: test, path, backend, fabric, domain, bytes, iters, window, gbps "
+	    "(gigabits per\n"
 	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified\n"
 	    "(null without --verify); tensor adds copies and meta_misses. memcpy rows have\n"
 	    "backend memcpy, window 1 and lat_us the time of one copy; -n, -s and --verify\n"
@@ -413,12 +414,15 @@ static int pair_setup(struct perf_pair *p, const struct perf_opts *o, bool local
 	return rc;
 }
 
-void perf_print_result(const struct perf_opts *o, const char *test, const char *backend,
-		       const char *fabric, const char *domain, const struct perf_result *r)
+void perf_print_result(const struct perf_opts *o, const char *test, const char *path,
+		       const char *backend, const char *fabric, const char *domain,
+		       const struct perf_result *r)
 {
 	if (o->json) {
 		printf("{\"test\":");
 		json_str(stdout, test);
+		printf(",\"path\":");
+		json_str(stdout, path);
 		printf(",\"backend\":");
 		json_str(stdout, backend);
 		printf(",\"fabric\":");
@@ -453,10 +457,13 @@ void perf_print_result(const struct perf_opts *o, const char *test, const char *
 static int run(struct perf_pair *p, const struct perf_opts *o)
 {
 	int rc = 0, failed = 0;
+	char path[32];
 
+	tfab__caps_path_name(p->caps, path, sizeof(path));
 	if (p->client && !o->json) {
-		printf("tfab-perf raw: %s %s on %s%s\n", p->caps->backend, p->caps->fabric,
-		       p->caps->domain, p->dst_shared ? " (destinations from mem_alloc)" : "");
+		printf("tfab-perf raw: path %s (%s %s on %s)%s\n", path, p->caps->backend,
+		       p->caps->fabric, p->caps->domain,
+		       p->dst_shared ? ", destinations from mem_alloc" : "");
 		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
 		       "Gb/s", "lat_us", "verified");
 	}
@@ -469,7 +476,7 @@ static int run(struct perf_pair *p, const struct perf_opts *o)
 		if (p->client && o->progress)
 			fprintf(stderr, "\r%40s\r", "");
 		if (rc == 0 && p->client) {
-			perf_print_result(o, "raw", p->caps->backend, p->caps->fabric,
+			perf_print_result(o, "raw", path, p->caps->backend, p->caps->fabric,
 					  p->caps->domain, &r);
 			failed |= o->verify && !r.verified;
 		}

@@ -72,6 +72,9 @@ TFAB_EXPORT int tfab_peer_connect(struct tfab_peer *peer, const void *blob, size
  * order that both sides have and that reaches between them; NULL before it is connected.
  */
 TFAB_EXPORT const char *tfab_peer_path(const struct tfab_peer *peer);
+/* Its path's backend, fabric and domain ("ofi", "tcp;ofi_rxm", "lo"); -ENOTCONN before. */
+TFAB_EXPORT int tfab_peer_fabric(const struct tfab_peer *peer, const char **backend_p,
+				 const char **fabric_p, const char **domain_p);
 /* Fails the peer's pending operations with -TFAB_ERR_ABORTED and frees it. */
 TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
 

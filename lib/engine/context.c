@@ -534,3 +534,16 @@ const char *tfab_peer_path(const struct tfab_peer *peer)
 {
 	return peer && peer->path ? peer->path->name : NULL;
 }
+
+int tfab_peer_fabric(const struct tfab_peer *peer, const char **backend_p, const char **fabric_p,
+		     const char **domain_p)
+{
+	if (!peer || !backend_p || !fabric_p || !domain_p)
+		return -EINVAL;
+	if (!peer->path)
+		return -ENOTCONN;
+	*backend_p = peer->path->caps->backend;
+	*fabric_p = peer->path->caps->fabric;
+	*domain_p = peer->path->caps->domain;
+	return 0;
+}
