@@ -1,0 +1,157 @@
+/*
+ * The shm backend, the target's side: the consumer of its writers' rings. Each entry is
+ * checked against this endpoint's registration table, inline and bounced bytes are copied into
+ * place, the verdict goes back in the entry, and the slots of writers that left or died are
+ * freed for others.
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tfab/status.h>
+
+#include "providers/shm/internal.h"
+#include "util/log.h"
+
+#define SUBSYS "shm"
+
+/* A slot back to free, whatever it held: by its consumer only. */
+static void rx_free_slot(struct tfab_shm_ep *ep, unsigned i)
+{
+	struct tfab_shm_slot *s = &ep->ctrl->slots[i];
+	struct tfab_shm_rx *rx = &ep->rx[i];
+
+	atomic_fetch_and_explicit(&ep->ctrl->active[i / 64], ~(1ull << (i % 64)),
+				  memory_order_relaxed);
+	for (unsigned k = 0; k < TFAB_SHM_RING_N; k++)
+		atomic_store_explicit(&s->ring.e[k].seq, 0, memory_order_relaxed);
+	atomic_store_explicit(&s->ring.tail, 0, memory_order_relaxed);
+	if (rx->pidfd >= 0)
+		close(rx->pidfd);
+	rx->pidfd = -1;
+	rx->live = false;
+	rx->failed = false;
+	atomic_store_explicit(&s->state, TFAB_SHM_SLOT_FREE, memory_order_release);
+}
+
+/* Checks an entry against this endpoint's own table; where the bytes go, or NULL. */
+static uint8_t *rx_check(struct tfab_shm_ep *ep, const struct tfab_shm_entry *e)
+{
+	struct reg_view v;
+
+	if (!reg_read(ep->ctrl->regs, e->rkey, &v) || !reg_allows(&v, e->raddr, e->len))
+		return NULL;
+	return (uint8_t *)(uintptr_t)e->raddr;
+}
+
+/* The target's side: takes one writer's entries, lands them, and gives its verdicts. */
+static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, int max)
+{
+	struct tfab_shm_slot *s = &ep->ctrl->slots[i];
+	struct tfab_shm_rx *rx = &ep->rx[i];
+	uint32_t state = atomic_load_explicit(&s->state, memory_order_acquire);
+	uint64_t tail0 = atomic_load_explicit(&s->ring.tail, memory_order_relaxed), tail = tail0;
+	struct tfab_shm_entry *e;
+	int n = 0;
+
+	if (state != TFAB_SHM_SLOT_ACTIVE && state != TFAB_SHM_SLOT_CLOSING)
+		return 0;
+	if (!rx->live) {
+		rx->live = true;
+		rx->pid = s->owner_pid;
+		rx->pidfd = tfab_shm_pidfd(rx->pid);
+	}
+	while (n < max && (e = tfab_shm_ring_peek(&s->ring, tail)) != NULL) {
+		uint64_t len = e->len;
+		unsigned nent = 1;
+		int status = 0;
+		uint8_t *dst;
+		bool report = true;
+
+		if (e->kind == TFAB_SHM_E_INLINE) {
+			if (len > TFAB_SHM_INLINE_MAX)
+				len = TFAB_SHM_INLINE_MAX;
+			nent = tfab_shm_inline_entries(len);
+		}
+		dst = rx_check(ep, e);
+		if (!dst)
+			status = -TFAB_ERR_REMOTE_ACCESS;
+		switch (e->kind) {
+		case TFAB_SHM_E_INLINE:
+			if (dst && len == e->len)
+				tfab_shm_ring_get_inline(&s->ring, tail, dst, len);
+			else
+				status = -TFAB_ERR_REMOTE_ACCESS;
+			break;
+		case TFAB_SHM_E_DIRECT:
+			break;
+		case TFAB_SHM_E_BOUNCE:
+			/* A chunk after a refused one lands nothing: the write has failed. */
+			if (dst && !rx->failed && len <= TFAB_SHM_BOUNCE_SIZE)
+				memcpy(dst, s->bounce[e->bounce % TFAB_SHM_NBOUNCE], len);
+			else
+				status = -TFAB_ERR_REMOTE_ACCESS;
+			if (status)
+				rx->failed = true;
+			if (!(e->flags & TFAB_SHM_F_LAST)) {
+				report = false;
+			} else {
+				if (rx->failed && !status)
+					status = -TFAB_ERR_REMOTE_ACCESS;
+				rx->failed = false;
+				len = e->total;
+			}
+			break;
+		default:
+			status = -TFAB_ERR_PROTOCOL;
+		}
+		if (status)
+			TFAB_DEBUG(SUBSYS, "refused a write from %d: %zu bytes at %#llx key %#llx",
+				   (int)rx->pid, (size_t)e->len, (unsigned long long)e->raddr,
+				   (unsigned long long)e->rkey);
+		else if (report) {
+			memset(&ev[n], 0, sizeof(ev[n]));
+			ev[n].type = TFAB_EV_REMOTE_WRITE;
+			ev[n].imm = e->imm;
+			ev[n++].len = len;
+		}
+		tfab_shm_ring_take(&s->ring, tail, nent, status);
+		tail += nent;
+	}
+	if (tail != tail0)
+		tfab_shm_ring_release(&s->ring, tail);
+	else if (state == TFAB_SHM_SLOT_CLOSING)
+		rx_free_slot(ep, i); /* its writer left, and everything it wrote is taken */
+	return n;
+}
+
+/* Frees the slots of writers whose process is gone (a SIGKILL leaves them claimed). */
+void tfab_shm_rx_reap(struct tfab_shm_ep *ep)
+{
+	for (unsigned i = 0; i < TFAB_SHM_SLOTS; i++) {
+		struct tfab_shm_rx *rx = &ep->rx[i];
+
+		if (rx->live && tfab_shm_process_gone(rx->pidfd, rx->pid)) {
+			TFAB_DEBUG(SUBSYS, "writer %d is gone: its slot %u is free", (int)rx->pid,
+				   i);
+			rx_free_slot(ep, i);
+		}
+	}
+}
+
+int tfab_shm_rx_poll(struct tfab_shm_ep *ep, struct tfab_event *ev, int max)
+{
+	int n = 0;
+
+	for (unsigned w = 0; w < TFAB_SHM_SLOTS / 64 && n < max; w++) {
+		uint64_t bits = atomic_load_explicit(&ep->ctrl->active[w], memory_order_acquire);
+
+		while (bits && n < max) {
+			unsigned b = (unsigned)__builtin_ctzll(bits);
+
+			bits &= bits - 1;
+			n += rx_slot(ep, w * 64 + b, ev + n, max - n);
+		}
+	}
+	return n;
+}
