@@ -118,6 +118,7 @@ struct tstate {
 	uint8_t *host; /* --verify: a tensor's bytes on the host (its buffer itself on the CPU) */
 	volatile uint64_t sent, received;
 	unsigned damaged; /* --verify: tensors received this size unlike their pattern */
+	bool pool_dest;	  /* receives into tensors the library allocates (not --heap-dst) */
 	volatile int err;
 	struct xfer slots[64]; /* bandwidth */
 	struct xfer tx, rx;    /* the ping-pong */
@@ -150,14 +151,17 @@ static int xfer_fill(struct xfer *x, bool complement)
 	return s->host ? buf_copy(s->cuda, x->t.data, h, n, true) : 0;
 }
 
-/* --verify: whether a received tensor holds its pattern; says so once a size if not. */
-static void xfer_check(struct xfer *x)
+/*
+ * --verify: whether a received tensor (at data: the caller's, or one the library allocated)
+ * holds its pattern; says so once a size if not.
+ */
+static void xfer_check(struct xfer *x, void *data)
 {
 	struct tstate *s = x->s;
 	size_t n = (size_t)x->shape;
-	uint8_t *h = s->host ? s->host : x->t.data;
+	uint8_t *h = s->host ? s->host : data;
 
-	if ((s->host && buf_copy(s->cuda, x->t.data, h, n, false)) || !perf_check(h, n, x->seed)) {
+	if ((s->host && buf_copy(s->cuda, data, h, n, false)) || !perf_check(h, n, x->seed)) {
 		if (!s->damaged++)
 			fprintf(stderr,
 				"tfab-perf: a %zu-byte tensor (%s, step %lld) arrived unlike "
@@ -182,12 +186,12 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	struct xfer *x = arg;
 	struct tstate *s = x->s;
 
-	if (t)
-		t->deleter(t);
 	if (status && !s->err)
 		s->err = status;
 	if (status == 0 && x->check && s->verify && !is_dead)
-		xfer_check(x);
+		xfer_check(x, t ? t->dl_tensor.data : x->t.data);
+	if (t)
+		t->deleter(t);
 	x->busy = false;
 	s->received++;
 }
@@ -236,7 +240,7 @@ static int xfer_post(struct xfer *x, bool send, const char *key, int64_t step, u
 		return rc;
 	x->busy = true;
 	rc = send ? tfab_send(s->ctx, key, step, &x->t, false, on_sent, x)
-		  : tfab_recv(s->ctx, s->peer, key, step, &x->t, on_recv, x);
+		  : tfab_recv(s->ctx, s->peer, key, step, s->pool_dest ? NULL : &x->t, on_recv, x);
 	if (rc) {
 		x->busy = false;
 		fprintf(stderr, "tfab-perf: posting: %s\n", tfab_strerror(rc));
@@ -371,7 +375,8 @@ static void release_slots(struct tstate *s, uint8_t **slot_bufs, size_t len)
 
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 {
-	struct tstate s = {.verify = o->verify, .cuda = o->cuda};
+	struct tstate s = {
+	    .verify = o->verify, .cuda = o->cuda, .pool_dest = !o->cuda && !o->heap_dst};
 	struct tfab_stats st;
 	uint8_t *bufs[2] = {0}, *slot_bufs[64] = {0};
 	size_t maxsize = 1, slot_len = 0;
