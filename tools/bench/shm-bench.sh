@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 #
-# shm-bench.sh: the native shm backend against libfabric's shm through `tfab-perf raw`, and
-# against one thread's memcpy (`tfab-perf memcpy`; tools/memcpy-bw adds the backend's own
+# shm-bench.sh: the native shm backend against libfabric's shm through `tfab-perf raw`, the
+# engine on it (`tfab-perf all -p shm`: memcpy, raw and tensor rows of one run), and one
+# thread's memcpy (`tfab-perf memcpy`; tools/memcpy-bw adds the backend's own
 # streaming copy), on this machine in one run. Runs are interleaved (shm,
 # shm --heap-dst, ofi:shm, memcpy, shm, ...) so that drifting load hits all alike; the table
-# gives medians and the ratios that issue 10 sets as targets:
-#   8 B one-way latency   shm <= 0.4 x ofi:shm
-#   1 MiB bandwidth       shm >= 2 x ofi:shm
-#   64 MiB bandwidth      shm >= 0.9 x memcpy (one thread, 64 MiB)
+# gives medians and the ratios that issue 10 sets as targets, for raw writes and for tensors
+# (into library-allocated destinations, tfab-perf's default):
+#   8 B one-way latency   shm <= 0.4 x ofi:shm raw
+#   1 MiB bandwidth       shm >= 2 x ofi:shm raw
+#   64 MiB bandwidth      shm >= 0.9 x memcpy (one thread, 64 MiB, the same `all` run's)
 # "shm" writes into mem_alloc memory (one copy, as the engine's pool does); "shm heap" into
 # malloc'd memory (process_vm_writev, or the bounce buffers below 32 KiB).
 #
@@ -36,7 +38,9 @@ trap 'rm -rf "$out"' EXIT
 failed=0
 for ((i = 1; i <= reps; i++)); do
 	echo "run $i of $reps" >&2
-	timeout "$run_timeout" "$perf" raw -p shm -s "$sizes" --json >>"$out/shm" || failed=1
+	timeout "$run_timeout" "$perf" all -p shm -s "$sizes" --json >"$out/run" || failed=1
+	cat "$out/run" >>"$out/all"
+	grep '"test":"raw"' "$out/run" >>"$out/shm" || true
 	timeout "$run_timeout" "$perf" raw -p shm -s "$sizes" --heap-dst --json \
 		>>"$out/shm-heap" || failed=1
 	FI_PROVIDER=shm timeout "$run_timeout" "$perf" raw -p ofi:shm -s "$sizes" --json \
@@ -57,6 +61,11 @@ def load(name):
             rows.setdefault(r.get("test") if name == "memcpy" else r["bytes"], []).append(r)
     return rows
 shm, heap, ofi, mc = load("shm"), load("shm-heap"), load("ofi-shm"), load("memcpy")
+tensor, allmc = {}, {}
+for line in open(os.path.join(d, "all")):
+    if line.startswith("{"):
+        r = json.loads(line)
+        {"tensor": tensor, "memcpy": allmc}.get(r["test"], {}).setdefault(r["bytes"], []).append(r)
 med = lambda rows, k: statistics.median(r[k] for r in rows) if rows else float("nan")
 memcpy = med(load("tfab-memcpy").get(64 << 20, []), "GBps")
 libc = med(mc.get("memcpy", []), "GBps")
@@ -80,5 +89,22 @@ for size in sorted(shm):
                      f"{hg / memcpy:.2f}, ofi/memcpy {og / memcpy:.2f}")
     print(f"{size:>10} | {sg:>9.2f} {sl:>7.2f} | {hg:>9.2f} {hl:>7.2f} | {og:>12.2f} {ol:>7.2f} "
           f"| {'; '.join(notes)}")
+print()
+print("tensors (tfab-perf all -p shm, library-allocated destinations), against ofi:shm raw and "
+      "the same runs' memcpy:")
+print(f"{'bytes':>10} | {'GB/s':>9} {'lat us':>8} {'copies':>6} | {'memcpy GB/s':>11} | ratios")
+for size in sorted(tensor):
+    t, o = tensor[size], ofi.get(size, [])
+    tg, tl, og, ol = med(t, "GBps"), med(t, "lat_us"), med(o, "GBps"), med(o, "lat_us")
+    mg = med(allmc.get(size, []), "GBps")
+    copies = max(r.get("copies", 0) for r in t)
+    notes = []
+    if size <= 64:
+        notes.append(f"lat tensor/ofi raw {tl / ol:.2f} (target <= 0.4)")
+    elif size == 1 << 20:
+        notes.append(f"bw tensor/ofi raw {tg / og:.2f} (target >= 2)")
+    elif size == 64 << 20:
+        notes.append(f"bw tensor/memcpy {tg / mg:.2f} (target >= 0.9)")
+    print(f"{size:>10} | {tg:>9.3f} {tl:>8.2f} {copies:>6} | {mg:>11.2f} | {'; '.join(notes)}")
 PY
 exit $failed
