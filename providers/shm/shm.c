@@ -117,18 +117,7 @@ static int tfab_shm_close(struct tfab_ep *base)
 		struct tfab_shm_conn *c = ep->conns;
 
 		ep->conns = c->next;
-		while (c->maps) {
-			struct tfab_shm_map *m = c->maps;
-
-			c->maps = m->next;
-			munmap(m->addr, m->len);
-			free(m);
-		}
-		if (c->peer)
-			munmap(c->peer, c->peer_len);
-		if (c->pidfd >= 0)
-			close(c->pidfd);
-		free(c);
+		tfab_shm_conn_free(c);
 	}
 	while (ep->failed) {
 		struct tfab_shm_op *op = ep->failed;
