@@ -289,10 +289,11 @@ static inline struct tfab_mr_cache *tfab__mr_cache_of(struct tfab_context *ctx,
 const char *tfab__host_id(void);
 /*
  * The path a pair takes, the same on both sides (doc/protocol.md): the index of ours in
- * ctx->paths, or -TFAB_ERR_NO_FABRIC with both lists in why.
+ * ctx->paths, with the peer's entry for it in *their_path_p; or -TFAB_ERR_NO_FABRIC with
+ * both lists in why.
  */
-int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *theirs, char *why,
-		      size_t whylen);
+int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *theirs,
+		      const struct tfab_wire_path **their_path_p, char *why, size_t whylen);
 
 /* peer.c */
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);

@@ -3,6 +3,7 @@
  * a pair of peers takes one of them (doc/protocol.md, "Connecting two peers").
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -90,16 +91,16 @@ struct tfab_path *tfab__path_of_ep(struct tfab_context *ctx, const struct tfab_e
  * The boot (a machine: its boot id) and the namespaces that shared memory between two
  * processes needs in common: mount (the same /dev/shm), IPC and PID (the peer's process).
  */
-const char *tfab__host_id(void)
+static char host_id[TFAB_WIRE_MAX_HOST];
+static pthread_once_t host_id_once = PTHREAD_ONCE_INIT;
+
+static void host_id_init(void)
 {
-	static char id[TFAB_WIRE_MAX_HOST];
 	static const char *const ns[] = {"mnt", "ipc", "pid"};
 	char boot[64] = "";
-	FILE *f;
 	size_t len;
+	FILE *f;
 
-	if (id[0])
-		return id;
 	f = fopen("/proc/sys/kernel/random/boot_id", "r");
 	if (f) {
 		if (!fgets(boot, sizeof(boot), f))
@@ -107,17 +108,23 @@ const char *tfab__host_id(void)
 		fclose(f);
 	}
 	boot[strcspn(boot, "\n")] = '\0';
-	len = (size_t)snprintf(id, sizeof(id), "%s", boot[0] ? boot : "unknown-boot");
-	for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]) && len < sizeof(id); i++) {
+	len = (size_t)snprintf(host_id, sizeof(host_id), "%s", boot[0] ? boot : "unknown-boot");
+	for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]) && len < sizeof(host_id); i++) {
 		char path[32];
 		struct stat st;
 
 		snprintf(path, sizeof(path), "/proc/self/ns/%s", ns[i]);
 		len +=
-		    (size_t)snprintf(id + len, sizeof(id) - len, "/%s:%llu", ns[i],
+		    (size_t)snprintf(host_id + len, sizeof(host_id) - len, "/%s:%llu", ns[i],
 				     stat(path, &st) == 0 ? (unsigned long long)st.st_ino : 0ull);
 	}
-	return id;
+}
+
+/* Worked out once per process: contexts in several threads may ask at once. */
+const char *tfab__host_id(void)
+{
+	pthread_once(&host_id_once, host_id_init);
+	return host_id;
 }
 
 /* The paths of a blob as "a, b, c" (for messages). */
@@ -131,8 +138,8 @@ static void list_theirs(const struct tfab_wire_blob *b, char *buf, size_t len)
 				       (int)b->paths[i].name_len, b->paths[i].name);
 }
 
-int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *theirs, char *why,
-		      size_t whylen)
+int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *theirs,
+		      const struct tfab_wire_path **their_path_p, char *why, size_t whylen)
 {
 	const char *host = tfab__host_id();
 	/* No identity (an empty one) is no proof of the same host. */
@@ -161,6 +168,7 @@ int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *the
 			    (i + j == best_sum && strcmp(p->name, ctx->paths[best].name) < 0)) {
 				best = (int)i;
 				best_sum = i + j;
+				*their_path_p = w;
 			}
 		}
 	}

@@ -267,15 +267,11 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 			   rc == -TFAB_ERR_VERSION ? "of another protocol version" : "malformed");
 		return rc;
 	}
-	i = tfab__path_choose(ctx, &b, why, sizeof(why));
+	i = tfab__path_choose(ctx, &b, &w, why, sizeof(why));
 	if (i < 0) {
 		TFAB_ERROR(SUBSYS, "peer %u: %s", peer->id, why);
 		return i;
 	}
-	for (unsigned j = 0; j < b.npaths; j++)
-		if (b.paths[j].name_len == strlen(ctx->paths[i].name) &&
-		    memcmp(b.paths[j].name, ctx->paths[i].name, b.paths[j].name_len) == 0)
-			w = &b.paths[j];
 	rc = tfab_ep_connect(ctx->paths[i].ep, w->addr, w->addr_len, &peer->conn);
 	if (rc)
 		return rc;

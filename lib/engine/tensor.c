@@ -124,6 +124,19 @@ static void managed_delete(DLManagedTensor *dl)
 	free(m);
 }
 
+/* t's dtype, shape (into shape, the tensor's own storage) and data, from meta. */
+static void tensor_of_meta(DLTensor *t, const struct tfab_wire_meta *meta, int64_t *shape,
+			   void *data)
+{
+	memcpy(shape, meta->shape, sizeof(int64_t) * meta->ndim);
+	t->data = data;
+	t->ndim = meta->ndim;
+	t->dtype.code = meta->dtype_code;
+	t->dtype.bits = meta->dtype_bits;
+	t->dtype.lanes = meta->dtype_lanes;
+	t->shape = shape;
+}
+
 DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
 				   void *data)
 {
@@ -132,14 +145,8 @@ DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_w
 	if (!m)
 		return NULL;
 	m->ctx = ctx;
-	memcpy(m->shape, meta->shape, sizeof(int64_t) * meta->ndim);
-	m->dl.dl_tensor.data = data;
+	tensor_of_meta(&m->dl.dl_tensor, meta, m->shape, data);
 	m->dl.dl_tensor.device.device_type = kDLCPU;
-	m->dl.dl_tensor.ndim = meta->ndim;
-	m->dl.dl_tensor.dtype.code = meta->dtype_code;
-	m->dl.dl_tensor.dtype.bits = meta->dtype_bits;
-	m->dl.dl_tensor.dtype.lanes = meta->dtype_lanes;
-	m->dl.dl_tensor.shape = m->shape;
 	m->dl.manager_ctx = m;
 	m->dl.deleter = managed_delete;
 	__atomic_fetch_add(&ctx->managed_out, 1, __ATOMIC_RELAXED);
@@ -163,15 +170,9 @@ DLManagedTensor *tfab__view_new(const struct tfab_wire_meta *meta, const DLTenso
 
 	if (!v)
 		return NULL;
-	memcpy(v->shape, meta->shape, sizeof(int64_t) * meta->ndim);
-	v->dl.dl_tensor.data = dest->data;
+	tensor_of_meta(&v->dl.dl_tensor, meta, v->shape, dest->data);
 	v->dl.dl_tensor.byte_offset = dest->byte_offset;
 	v->dl.dl_tensor.device = dest->device;
-	v->dl.dl_tensor.ndim = meta->ndim;
-	v->dl.dl_tensor.dtype.code = meta->dtype_code;
-	v->dl.dl_tensor.dtype.bits = meta->dtype_bits;
-	v->dl.dl_tensor.dtype.lanes = meta->dtype_lanes;
-	v->dl.dl_tensor.shape = v->shape;
 	v->dl.manager_ctx = v;
 	v->dl.deleter = view_delete;
 	return &v->dl;

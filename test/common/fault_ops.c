@@ -98,22 +98,23 @@ void fault_ops_set(struct tfab_context *ctx, const struct fault_rule *r, int n)
 	tfab__ctx_unlock(ctx);
 }
 
-uint64_t fault_ops_hits(struct tfab_context *ctx, int i)
+/* Rule i's count in one of the tables, read under the lock that guards them. */
+static uint64_t count_of(struct tfab_context *ctx, const uint64_t *table, int i)
 {
 	uint64_t n;
 
 	tfab__ctx_lock(ctx);
-	n = i >= 0 && i < nrules ? hits[i] : 0;
+	n = i >= 0 && i < nrules ? table[i] : 0;
 	tfab__ctx_unlock(ctx);
 	return n;
 }
 
+uint64_t fault_ops_hits(struct tfab_context *ctx, int i)
+{
+	return count_of(ctx, hits, i);
+}
+
 uint64_t fault_ops_calls(struct tfab_context *ctx, int i)
 {
-	uint64_t n;
-
-	tfab__ctx_lock(ctx);
-	n = i >= 0 && i < nrules ? calls[i] : 0;
-	tfab__ctx_unlock(ctx);
-	return n;
+	return count_of(ctx, calls, i);
 }

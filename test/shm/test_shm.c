@@ -522,6 +522,7 @@ static void test_bounce_refused_before_open(void **state)
 #if defined(__x86_64__)
 	one_write((8u << 20) + 13, false, CMA_REFUSED_BEFORE_OPEN, 'b');
 #else
+	print_message("SKIP: the seccomp filter names x86-64 system call numbers\n");
 	skip();
 #endif
 }
@@ -532,6 +533,7 @@ static void test_bounce_refused_at_first_write(void **state)
 #if defined(__x86_64__)
 	one_write((3u << 20) + 1, false, CMA_REFUSED_AFTER_OPEN, 'b');
 #else
+	print_message("SKIP: the seccomp filter names x86-64 system call numbers\n");
 	skip();
 #endif
 }
