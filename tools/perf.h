@@ -77,6 +77,11 @@ unsigned perf_default_iters(size_t size);
 
 /* Writes in flight when --window is not given. */
 unsigned perf_window_of(size_t size);
+/*
+ * Latency rounds of a size of `iters` transfers (raw and tensor alike): at most 10,000, some
+ * 15 ms at 8 bytes on shared memory, so that one preemption does not decide the figure.
+ */
+unsigned perf_lat_iters(unsigned iters);
 
 /* --verify: fill len bytes with the pattern of seed; whether buf holds that pattern. */
 void perf_fill(uint8_t *buf, size_t len, uint64_t seed);

@@ -177,9 +177,9 @@ static int drain(struct raw_state *s, uint64_t posted)
 	return 0;
 }
 
-static unsigned lat_iters(unsigned iters)
+unsigned perf_lat_iters(unsigned iters)
 {
-	return iters < 1000 ? iters : 1000;
+	return iters < 10000 ? iters : 10000;
 }
 
 /* Writes in flight when --window is not given: 16, but at most 256 MiB in flight. */
@@ -201,7 +201,7 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	struct perf_pair *p = s->p;
 	bool inject = size <= p->caps->inject_size;
 	uint64_t posted = 0, posted_signaled = 0, t0, t1;
-	unsigned li = lat_iters(s->iters);
+	unsigned li = perf_lat_iters(s->iters);
 	uint32_t imm = 0;
 	int rc;
 
@@ -273,7 +273,7 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 	struct perf_pair *p = s->p;
 	bool inject = size <= p->caps->inject_size, ok = true;
 	uint64_t posted = 0;
-	unsigned li = lat_iters(s->iters);
+	unsigned li = perf_lat_iters(s->iters);
 	int rc;
 
 	if (o->verify) {

@@ -6,7 +6,9 @@
  *     caller destination, each (key "bw", step i) transferred once. Like raw (and
  *     ib_write_bw), each side uses one buffer for every transfer, so both tests have the
  *     same memory footprint and their ratio measures the protocol, not the caches;
- *   latency: ping-pong of one tensor each way, receives posted ahead as a pipeline would;
+ *   latency: ping-pong of one tensor each way, as a pipeline runs it: the receives of the
+ *     next round posted ahead (their requests travel during the round before), and a send's
+ *     completion (the receiver's TAKEN) waited for a round later;
  *     the one-way latency is half a round trip.
  * copies reports the library's bytes_copied (0 on this path), meta_misses its cache misses.
  * With --verify the sender fills every tensor with a pattern of its key and step, and the
@@ -120,9 +122,9 @@ struct tstate {
 	unsigned damaged; /* --verify: tensors received this size unlike their pattern */
 	bool pool_dest;	  /* receives into tensors the library allocates (not --heap-dst) */
 	volatile int err;
-	struct xfer slots[64]; /* bandwidth */
-	struct xfer tx, rx;    /* the ping-pong */
-	struct xfer ctl;       /* the verdict, the last barrier */
+	struct xfer slots[64];	  /* bandwidth */
+	struct xfer tx[2], rx[2]; /* the ping-pong: sends and receives of two rounds */
+	struct xfer ctl;	  /* the verdict, the last barrier */
 	uint8_t ctl_byte;
 #ifdef TFAB_PERF_DAMAGE
 	int size_index;	      /* the test build: of the size running */
@@ -199,8 +201,10 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 /* Progress until *count reaches want; false on an error or the deadline. */
 static bool wait_count(struct tstate *s, volatile uint64_t *count, uint64_t want)
 {
-	while (*count < want && !s->err) {
-		if (tfab_progress(s->ctx) < 0 || tfab__now_ms() > s->deadline) {
+	/* the clock every 64 polls: reading it costs about as much as an idle poll */
+	for (unsigned polls = 0; *count < want && !s->err; polls++) {
+		if (tfab_progress(s->ctx) < 0 ||
+		    (polls % 64 == 63 && tfab__now_ms() > s->deadline)) {
 			if (!s->err)
 				s->err = -ETIMEDOUT;
 			break;
@@ -272,23 +276,26 @@ static int exchange_verdict(struct tstate *s, bool client, int64_t step, bool *o
 }
 
 /*
- * One size. bufs[0] and bufs[1]: the shared buffers of the bandwidth slots and of the
- * ping-pong; slot_bufs: with --verify, a buffer per bandwidth slot instead.
+ * One size. bufs[0] to bufs[3]: the shared buffer of the bandwidth slots and the first
+ * ping-pong send, the ping-pong receives', the second send's; slot_bufs: with --verify, a
+ * buffer per bandwidth slot instead.
  */
 static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, unsigned window,
 		    uint8_t **bufs, uint8_t **slot_bufs, int64_t step_base, struct perf_result *res)
 {
 	unsigned warm = iters / 10 ? iters / 10 : 1, total = warm + iters;
-	unsigned lat_n = iters < 1000 ? iters : 1000, lat_warm = lat_n / 10 ? lat_n / 10 : 1;
-	struct xfer *tx = &s->tx, *rx = &s->rx;
+	unsigned lat_n = perf_lat_iters(iters), lat_warm = lat_n / 10 ? lat_n / 10 : 1;
+	struct xfer *tx = s->tx, *rx = s->rx;
 	uint64_t posted = 0, t0 = 0, t1;
 	int rc;
 
 	for (unsigned w = 0; w < window; w++)
 		xfer_init(&s->slots[w], s, s->verify ? slot_bufs[w] : bufs[0], size, s->cuda);
 	/* the ping-pong: a receive must not land in what this side sends */
-	xfer_init(tx, s, bufs[0], size, s->cuda);
-	xfer_init(rx, s, bufs[1], size, s->cuda);
+	xfer_init(&tx[0], s, bufs[0], size, s->cuda);
+	xfer_init(&tx[1], s, bufs[3], size, s->cuda);
+	xfer_init(&rx[0], s, bufs[1], size, s->cuda);
+	xfer_init(&rx[1], s, bufs[2], size, s->cuda);
 	s->sent = s->received = 0;
 	s->damaged = 0;
 #ifdef TFAB_PERF_DAMAGE
@@ -320,38 +327,48 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	t1 = tfab__now_ns();
 	res->gbps = (double)size * iters * 8.0 / (double)(t1 - t0 ? t1 - t0 : 1);
 
-	/* Latency: ping (client to server) and pong, each receive posted one round ahead. */
+	/*
+	 * Latency: ping (client to server) and pong, as a pipeline runs them: each side keeps
+	 * the receives of this round and the next posted (the request for a round's tensor
+	 * travels during the round before) and sends from two tensors in turn (a send's TAKEN
+	 * is waited for a round later), so a round is one content write each way.
+	 */
 	step_base += total;
 	s->sent = s->received = 0;
-	if (!client && (rc = xfer_post(rx, false, "ping", step_base, (uint64_t)step_base)))
-		return rc;
+	for (unsigned k = 0; k < 2 && k < lat_n + lat_warm; k++)
+		if ((rc = xfer_post(&rx[k], false, client ? "pong" : "ping", step_base + k,
+				    client ? PONG_SEED(step_base + k) : (uint64_t)step_base + k)))
+			return rc;
 	for (unsigned i = 0; i < lat_n + lat_warm; i++) {
 		int64_t step = step_base + i;
 
 		if (i == lat_warm)
 			t0 = tfab__now_ns();
+		/* the send of two rounds ago is done with its tensor */
+		if (!client && !wait_count(s, &s->received, i + 1))
+			return s->err;
+		if (i >= 2 && !wait_count(s, &s->sent, i - 1))
+			return s->err;
 		if (client) {
-			rc = xfer_post(rx, false, "pong", step, PONG_SEED(step));
-			if (rc == 0)
-				rc = xfer_post(tx, true, "ping", step, (uint64_t)step);
-			if (rc)
-				return rc;
-			if (!wait_count(s, &s->received, i + 1) || !wait_count(s, &s->sent, i + 1))
+			/* the ping first, then the receive the last pong freed */
+			rc = xfer_post(&tx[i % 2], true, "ping", step, (uint64_t)step);
+			if (rc == 0 && i > 0 && i + 1 < lat_n + lat_warm)
+				rc = xfer_post(&rx[(i + 1) % 2], false, "pong", step + 1,
+					       PONG_SEED(step + 1));
+			if (rc == 0 && !wait_count(s, &s->received, i + 1))
 				return s->err;
 		} else {
-			if (!wait_count(s, &s->received, i + 1))
-				return s->err;
-			/* the pong first: the next request is off the critical path */
-			rc = xfer_post(tx, true, "pong", step, PONG_SEED(step));
-			if (rc == 0 && i + 1 < lat_n + lat_warm)
-				rc = xfer_post(rx, false, "ping", step + 1, (uint64_t)step + 1);
-			if (rc)
-				return rc;
-			if (!wait_count(s, &s->sent, i + 1))
-				return s->err;
+			rc = xfer_post(&tx[i % 2], true, "pong", step, PONG_SEED(step));
+			if (rc == 0 && i + 2 < lat_n + lat_warm)
+				rc = xfer_post(&rx[i % 2], false, "ping", step + 2,
+					       (uint64_t)step + 2);
 		}
+		if (rc)
+			return rc;
 	}
 	res->lat_us = (double)(tfab__now_ns() - t0) / 1000.0 / (2.0 * lat_n);
+	if (!wait_count(s, &s->sent, lat_n + lat_warm))
+		return s->err;
 	res->iters = iters;
 	res->window = window;
 	res->bytes = size;
@@ -378,7 +395,7 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 	struct tstate s = {
 	    .verify = o->verify, .cuda = o->cuda, .pool_dest = !o->cuda && !o->heap_dst};
 	struct tfab_stats st;
-	uint8_t *bufs[2] = {0}, *slot_bufs[64] = {0};
+	uint8_t *bufs[4] = {0}, *slot_bufs[64] = {0};
 	size_t maxsize = 1, slot_len = 0;
 	uint16_t port = 0;
 	uint32_t mlen;
@@ -420,7 +437,7 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 			       "window", "GB/s", "Gb/s", "lat_us", "copies/meta_misses",
 			       "verified");
 		}
-	for (unsigned w = 0; w < 2 && rc == 0; w++)
+	for (unsigned w = 0; w < 4 && rc == 0; w++)
 		rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);
 	/* GPU memory is filled and checked through the host. */
 	if (rc == 0 && o->verify && o->cuda && !emulated()) {
@@ -484,7 +501,7 @@ out:
 	tfab_context_destroy(s.ctx);
 	s.ctx = NULL;
 	release_slots(&s, slot_bufs, slot_len);
-	for (int w = 0; w < 2; w++)
+	for (int w = 0; w < 4; w++)
 		if (bufs[w])
 			buf_release(o->cuda, bufs[w]);
 	free(s.host);

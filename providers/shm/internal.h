@@ -14,10 +14,11 @@
 #include "providers/shm/shm.h"
 #include "util/freelist.h"
 #include "util/list.h"
+#include "util/time.h"
 
 #define TFAB_SHM_MAX_PENDING 1024u	  /* queued writes per connection, then -EAGAIN */
 #define TFAB_SHM_BUDGET (4u << 20)	  /* bytes one poll copies, to keep polls short */
-#define TFAB_SHM_CHECK_NS 1000000ull	  /* a peer's death is seen within this of a poll */
+#define TFAB_SHM_CHECK_NS 1000000ull	  /* a peer's death is seen within this (and a jiffy) */
 #define TFAB_SHM_RX_CHECK_NS 100000000ull /* dead writers' slots are freed this often */
 #define TFAB_SHM_MAX_MSG (1ull << 40)
 /*
@@ -133,15 +134,6 @@ static inline struct tfab_shm_ep *shm_ep(struct tfab_ep *base)
 static inline struct tfab_shm_conn *shm_conn(struct tfab_conn *base)
 {
 	return tfab_container_of(base, struct tfab_shm_conn, base);
-}
-
-static inline uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	/* The coarse clock costs a few nanoseconds: cheap enough for every poll. */
-	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /*

@@ -162,7 +162,7 @@ static int tfab_shm_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	if (rc)
 		goto err;
 	if (getrandom(&ep->ep_id, sizeof(ep->ep_id), 0) != sizeof(ep->ep_id))
-		ep->ep_id = now_ns() ^ ((uint64_t)ep->pid << 32) ^ (uintptr_t)ep;
+		ep->ep_id = tfab__now_ns() ^ ((uint64_t)ep->pid << 32) ^ (uintptr_t)ep;
 	ep->free_regs = malloc(TFAB_SHM_NREGS * sizeof(*ep->free_regs));
 	if (!ep->free_regs) {
 		rc = -ENOMEM;
@@ -316,7 +316,7 @@ static int tfab_shm_connect(struct tfab_ep *base, const void *addr, size_t len,
 		rc = -EBUSY;
 		goto err;
 	}
-	c->last_check = now_ns();
+	c->last_check = tfab__coarse_ns();
 	c->next = ep->conns;
 	ep->conns = c;
 	ep->nconns++;
@@ -497,7 +497,7 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 	if (nrx && n > n0 + nrx)
 		rotate(ev + n0, nrx, n - n0 - nrx);
 	if (!now)
-		now = now_ns();
+		now = tfab__coarse_ns();
 	if (now >= ep->next_rx_check) {
 		ep->next_rx_check = now + TFAB_SHM_RX_CHECK_NS;
 		tfab_shm_rx_reap(ep);

@@ -464,7 +464,7 @@ int tfab_shm_tx_poll(struct tfab_shm_ep *ep, struct tfab_event *ev, int max, uin
 		if (conn_busy(c) && !c->dead) {
 			/* Waiting on the peer: is it still there? At most once a millisecond. */
 			if (!now)
-				now = now_ns();
+				now = tfab__coarse_ns();
 			if (now - c->last_check >= TFAB_SHM_CHECK_NS) {
 				c->last_check = now;
 				if (peer_gone(c)) {
@@ -474,7 +474,7 @@ int tfab_shm_tx_poll(struct tfab_shm_ep *ep, struct tfab_event *ev, int max, uin
 			}
 		} else if (!conn_busy(c)) {
 			/* Idle again: the next wait is timed from here, not from long ago. */
-			c->last_check = now ? now : now_ns();
+			c->last_check = now ? now : tfab__coarse_ns();
 		}
 		if (c->closing && !conn_busy(c))
 			tfab_shm_conn_release(ep, c);
