@@ -18,7 +18,7 @@
 #include "util/time.h"
 
 #define SUBSYS TFAB_ENGINE_SUBSYS
-#define POLL_EVENTS 64
+#define POLL_EVENTS TFAB_POLL_EVENTS
 #define POLL_ROUNDS 8 /* batches per progress call, so one call never runs for long */
 
 void tfab__ctx_lock(struct tfab_context *ctx)
@@ -165,24 +165,76 @@ static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev)
 			tfab__peer_write_failed(peer, ev->status);
 		break;
 	}
+	case TFAB_WCTX_INJECTED: {
+		struct tfab_peer *peer = tfab_container_of(w, struct tfab_peer, inject_w);
+
+		/*
+		 * A destination the receiver revoked comes with its CANCEL, which offers the
+		 * send again; anything else lost the connection.
+		 */
+		if (tfab__peer_write_status(peer, ev->status) != -TFAB_ERR_REMOTE_ACCESS &&
+		    ev->status)
+			tfab__peer_write_failed(peer, ev->status);
+		break;
+	}
+	}
+}
+
+int tfab__held_dispatch(struct tfab_context *ctx)
+{
+	unsigned n = ctx->nheld;
+
+	/* Dispatching may post writes but never polls: nothing is added meanwhile. */
+	ctx->nheld = 0;
+	for (unsigned i = 0; i < n; i++)
+		dispatch(ctx, &ctx->held[i]);
+	return (int)n;
+}
+
+/*
+ * Whether a receive has completed in this progress call (fresh: none was due at its start;
+ * callbacks another thread is running keep theirs due).
+ */
+static bool completed_here(const struct tfab_context *ctx, bool fresh)
+{
+	return fresh && !tfab__list_empty(&ctx->done_reqs);
+}
+
+/*
+ * Dispatch a batch of events in order, except that once a receive has completed in this
+ * progress call the control messages after it wait in ctx->held for the next call (or for a
+ * send that finds no request), so that its callback, and the application's reply, come first.
+ * Content may pass control messages: none of them concerns a request content is landing for.
+ */
+static void batch_dispatch(struct tfab_context *ctx, struct tfab_event *ev, int n, bool fresh)
+{
+	for (int i = 0; i < n; i++) {
+		if (ev[i].type == TFAB_EV_REMOTE_WRITE && tfab__imm_is_ctrl(ev[i].imm) &&
+		    completed_here(ctx, fresh))
+			ctx->held[ctx->nheld++] = ev[i];
+		else
+			dispatch(ctx, &ev[i]);
 	}
 }
 
 int tfab__progress_locked(struct tfab_context *ctx)
 {
 	struct tfab_event ev[POLL_EVENTS];
-	int total = 0;
+	bool fresh = tfab__list_empty(&ctx->done_reqs);
+	int total;
 
-	for (int round = 0; round < POLL_ROUNDS; round++) {
+	ctx->progress_gen++;
+	total = tfab__held_dispatch(ctx);
+	for (int round = 0; round < POLL_ROUNDS && !completed_here(ctx, fresh); round++) {
 		bool more = false;
 
-		for (unsigned p = 0; p < ctx->npaths; p++) {
+		/* After a batch that held messages back, no other: ctx->held has room for one. */
+		for (unsigned p = 0; p < ctx->npaths && !ctx->nheld; p++) {
 			int n = tfab_ep_poll(ctx->paths[p].ep, ev, POLL_EVENTS);
 
 			if (n < 0)
 				return n;
-			for (int i = 0; i < n; i++)
-				dispatch(ctx, &ev[i]);
+			batch_dispatch(ctx, ev, n, fresh);
 			total += n;
 			more |= n == POLL_EVENTS;
 		}
@@ -191,7 +243,12 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	}
 	tfab__sends_retry(ctx);
 	tfab__sends_stage(ctx);
-	tfab__peers_flush(ctx);
+	/*
+	 * The TAKEN of a receive completed here waits for the next flush: the application's
+	 * reply to it (a send that its callback or its caller makes) goes first, and the
+	 * peer, which may be waiting for that reply, reads it first.
+	 */
+	tfab__peers_flush(ctx, true);
 	tfab__peers_check_liveness(ctx);
 	return total;
 }
@@ -333,7 +390,7 @@ int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id)
 	tfab__ctx_lock(ctx);
 	requests_cleanup(ctx, false, step_id, -TFAB_ERR_ABORTED);
 	tfab__sends_cleanup(ctx, false, step_id, -TFAB_ERR_ABORTED);
-	tfab__peers_flush(ctx);
+	tfab__peers_flush(ctx, false);
 	tfab__ctx_unlock(ctx);
 	return 0;
 }
@@ -349,7 +406,7 @@ int tfab_abort(struct tfab_context *ctx, int status)
 		ctx->abort_status = status;
 	requests_cleanup(ctx, true, 0, status);
 	tfab__sends_cleanup(ctx, true, 0, status);
-	tfab__peers_flush(ctx);
+	tfab__peers_flush(ctx, false);
 	tfab__ctx_unlock(ctx);
 	return 0;
 }
@@ -383,14 +440,22 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	}
 	tfab_abort(ctx, -TFAB_ERR_ABORTED);
 	tfab__ctx_lock(ctx);
-	/* Let control messages already posted (cancels, errors) and writes in flight finish. */
+	/*
+	 * Let control messages already posted (cancels, errors, TAKEN) and writes in flight
+	 * finish.
+	 */
 	deadline = tfab__now_ms() + 1000;
 	for (;;) {
 		bool busy = ctx->orphans != 0;
 		struct tfab_list *l;
 
-		for (l = ctx->peers.next; l != &ctx->peers && !busy; l = l->next)
-			busy = tfab_container_of(l, struct tfab_peer, link)->users != 0;
+		for (l = ctx->peers.next; l != &ctx->peers && !busy; l = l->next) {
+			struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
+
+			/* our writes, and our TAKEN messages (its sends are delivered on them) */
+			busy =
+			    peer->users != 0 || (peer->ntaken && peer->connected && !peer->failed);
+		}
 		if (!busy || tfab__now_ms() > deadline)
 			break;
 		tfab__progress_locked(ctx);
@@ -449,7 +514,7 @@ int tfab_flush(struct tfab_context *ctx, int timeout_ms)
 		return -EDEADLK;
 	}
 	seq = ctx->send_seq;
-	tfab__peers_flush(ctx);
+	tfab__peers_flush(ctx, false);
 	while (!flushed(ctx, seq)) {
 		if (tfab__now_ms() >= deadline) {
 			rc = -ETIMEDOUT;

@@ -27,6 +27,7 @@ enum tfab_wctx_kind {
 	TFAB_WCTX_CTRL = 1, /* an outbox slot */
 	TFAB_WCTX_CONTENT,  /* a send's content write */
 	TFAB_WCTX_CREDIT,   /* a credit return (peer->credit_w) */
+	TFAB_WCTX_INJECTED, /* content written by inject (peer->inject_w): only failures */
 };
 
 struct tfab_wctx {
@@ -106,11 +107,16 @@ struct tfab_peer {
 	 * verdict, TAKEN or CANCEL, has not come.
 	 */
 	struct tfab_htable answers;
-	/* Our requests a receive completed: the next TAKEN message reports them. */
+	/*
+	 * Our requests a receive completed: the next TAKEN message reports them. taken_gen: the
+	 * progress call in which the first of them completed.
+	 */
 	uint32_t *taken;
 	uint32_t ntaken, taken_cap;
+	uint64_t taken_gen;
 	unsigned users;		   /* in-flight writes to this peer not yet completed */
 	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
+	struct tfab_wctx inject_w; /* TFAB_WCTX_INJECTED: of content written by inject */
 };
 
 enum tfab_req_state {
@@ -136,10 +142,8 @@ struct tfab_request {
 	struct tfab_peer *peer;
 	int64_t step;
 	uint16_t key_len;
-	char key[TFAB_MAX_KEY + 1];
 	DLTensor *user_dest;
-	unsigned flags;		    /* TFAB_RECV_* */
-	struct tfab_wire_meta meta; /* what the destination was sized for */
+	unsigned flags; /* TFAB_RECV_* */
 	bool meta_valid;
 	/* the destination */
 	void *dest;
@@ -159,6 +163,9 @@ struct tfab_request {
 	struct tfab_string_tensor *sout;
 	void *arg;
 	struct tfab_sync_wait *sync; /* a blocking receive's waiter, until the request ends */
+	/* The large members last: a new request zeroes only what comes before them. */
+	struct tfab_wire_meta meta; /* what the destination was sized for */
+	char key[TFAB_MAX_KEY + 1];
 };
 
 enum tfab_send_state {
@@ -196,12 +203,9 @@ struct tfab_send {
 	struct tfab_peer *to;	    /* the one peer it is for, or NULL for any */
 	int64_t step;
 	uint16_t key_len;
-	char key[TFAB_MAX_KEY + 1];
 	void *data;
 	bool data_pool; /* data is a pool block of ours (a serialized tensor), mr its region */
-	struct tfab_wire_meta meta;
 	struct tfab_mr *mr;
-	struct tfab_response resp; /* the request being answered, while WRITING */
 	enum tfab_send_state state;
 	bool in_flight; /* a content write is posted and not completed */
 	bool orphan;	/* failed while in flight: freed when the write completes */
@@ -220,7 +224,16 @@ struct tfab_send {
 	int status;
 	tfab_send_cb cb;
 	void *arg;
+	/*
+	 * The large members last: a new send zeroes only what comes before meta, and the head
+	 * of resp (tfab__send_start), not kilobytes of key and shape.
+	 */
+	struct tfab_wire_meta meta;
+	struct tfab_response resp; /* the request being answered, while WRITING */
+	char key[TFAB_MAX_KEY + 1];
 };
+
+#define TFAB_POLL_EVENTS 64 /* events one poll of a path takes */
 
 struct tfab_context {
 	pthread_mutex_t lock;
@@ -253,6 +266,10 @@ struct tfab_context {
 	int abort_status;
 	int listen_fd;
 	uint64_t next_liveness_ms;
+	uint64_t progress_gen; /* progress calls so far */
+	/* Control messages a progress call held back (tfab__progress_locked). */
+	struct tfab_event held[TFAB_POLL_EVENTS];
+	unsigned nheld;
 	struct tfab_stats stats;
 	uint64_t managed_out; /* library-allocated tensors the application holds */
 	pthread_t progress_thread;
@@ -269,6 +286,8 @@ void tfab__ctx_lock(struct tfab_context *ctx);
 /* Drops the lock, then runs every callback that became due, unless another thread does. */
 void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
+/* Dispatch the control messages a progress call held back; how many. */
+int tfab__held_dispatch(struct tfab_context *ctx);
 /* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */
 void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline);
 
@@ -309,7 +328,12 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
 /* Our receive of the peer's request completed: a TAKEN tells the peer (peers_flush sends it). */
 int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index);
-void tfab__peers_flush(struct tfab_context *ctx);
+/*
+ * Writes what waits for credit, TAKEN messages and credit returns. hold_new: TAKEN messages
+ * for receives this progress call completed wait for the next flush (progress's own: the
+ * application's writes after its callbacks go first).
+ */
+void tfab__peers_flush(struct tfab_context *ctx, bool hold_new);
 void tfab__peers_check_liveness(struct tfab_context *ctx);
 void tfab__peer_free(struct tfab_peer *peer);
 struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char *key,

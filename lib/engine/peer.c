@@ -151,6 +151,7 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 	peer->ctx = ctx;
 	peer->sock = -1;
 	peer->credit_w.kind = TFAB_WCTX_CREDIT;
+	peer->inject_w.kind = TFAB_WCTX_INJECTED;
 	tfab__list_init(&peer->link);
 	tfab__list_init(&peer->pending);
 	tfab__list_init(&peer->requests);
@@ -284,7 +285,7 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 	peer->connected = true;
 	TFAB_DEBUG(SUBSYS, "peer %u: connected on %s (%s; its inbox: %u slots; its id for us: %u)",
 		   peer->id, peer->path->name, peer->path->caps->fabric, b.ring_slots, b.peer_id);
-	tfab__peers_flush(ctx);
+	tfab__peers_flush(ctx, false);
 	return 0;
 }
 
@@ -334,6 +335,25 @@ static bool peer_drain(struct tfab_peer *peer)
 	return peer->users == 0;
 }
 
+static void peer_send_taken(struct tfab_peer *peer);
+
+/*
+ * Our TAKEN messages for what the peer sent go before we leave it: its sends are delivered
+ * only on them (a receive that completed in the application's last progress call holds its
+ * TAKEN). At most 2 s, waiting for credit.
+ */
+static void peer_send_held_taken(struct tfab_peer *peer)
+{
+	uint64_t deadline = tfab__now_ms() + 2000;
+
+	while (peer->ntaken && peer->connected && !peer->failed) {
+		peer_send_taken(peer);
+		if (!peer->ntaken || tfab__now_ms() >= deadline)
+			break;
+		tfab__progress_locked(peer->ctx);
+	}
+}
+
 int tfab_peer_destroy(struct tfab_peer *peer)
 {
 	struct tfab_context *ctx;
@@ -342,6 +362,7 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 		return 0;
 	ctx = peer->ctx;
 	tfab__ctx_lock(ctx);
+	peer_send_held_taken(peer);
 	tfab__peer_fail(peer, -TFAB_ERR_ABORTED);
 	if (!peer_drain(peer))
 		TFAB_WARN(SUBSYS, "peer %u: writes still in flight after 2 s; freeing anyway",
@@ -453,11 +474,41 @@ int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int 
 
 static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len);
 
+/*
+ * The TAKEN indexes waiting (held or not) ride in the slot of a message that goes anyway, as
+ * many as fit after its len bytes, taken from the end of peer->taken: the bytes added (0 if
+ * none fit), their count in *n_p (the caller gives them back if the write is not posted).
+ */
+static size_t taken_ride_along(struct tfab_peer *peer, uint8_t *slot, size_t len, uint32_t *n_p)
+{
+	struct tfab_wire_msg t = {.type = TFAB_MSG_TAKEN, .seq = peer->tx_seq};
+	size_t room = SLOT_SIZE - len, n, tlen;
+
+	*n_p = 0;
+	if (room < TFAB_WIRE_MSG_HDR + 6)
+		return 0;
+	n = (room - TFAB_WIRE_MSG_HDR - 6) / 4 + 1;
+	if (n > peer->ntaken)
+		n = peer->ntaken;
+	if (n > TFAB_WIRE_MAX_TAKEN)
+		n = TFAB_WIRE_MAX_TAKEN;
+	t.ntaken = (uint16_t)n;
+	t.req_index = peer->taken[peer->ntaken - n];
+	t.taken = peer->taken + peer->ntaken - n + 1;
+	if (tfab__wire_msg_encode(&t, slot + len, room, &tlen))
+		return 0;
+	tfab__wire_msg_set_more(slot, 1);
+	peer->ntaken -= (uint32_t)n;
+	*n_p = (uint32_t)n;
+	return tlen;
+}
+
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
 	struct tfab_context *ctx = peer->ctx;
 	size_t r = slots_of(ctx), len;
 	struct tfab_pending_msg *pm;
+	uint32_t riding = 0;
 	int rc;
 
 	if (peer->failed)
@@ -473,7 +524,11 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		rc = tfab__wire_msg_encode(&mm, src, SLOT_SIZE, &len);
 		if (rc)
 			return rc;
+		if (peer->ntaken && m->type != TFAB_MSG_TAKEN)
+			len += taken_ride_along(peer, src, len, &riding);
 		rc = post_slot(peer, src, len);
+		if (rc == -EAGAIN)
+			peer->ntaken += riding; /* still at the end of peer->taken */
 		if (rc != -EAGAIN)
 			return rc;
 		/* back-pressure: queue the encoded bytes below */
@@ -571,6 +626,8 @@ int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index)
 		peer->taken = t;
 		peer->taken_cap = cap;
 	}
+	if (!peer->ntaken)
+		peer->taken_gen = peer->ctx->progress_gen;
 	peer->taken[peer->ntaken++] = req_index;
 	return 0;
 }
@@ -643,7 +700,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 	}
 }
 
-void tfab__peers_flush(struct tfab_context *ctx)
+void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 {
 	struct tfab_list *l, *t;
 
@@ -652,7 +709,8 @@ void tfab__peers_flush(struct tfab_context *ctx)
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
 
 		peer_flush(peer);
-		if (peer->ntaken && peer->connected)
+		if (peer->ntaken && peer->connected &&
+		    !(hold_new && peer->taken_gen == ctx->progress_gen))
 			peer_send_taken(peer);
 		peer_return_credits(peer);
 	}
@@ -674,11 +732,34 @@ static void protocol_error(struct tfab_peer *peer, const char *what)
 	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 }
 
+static void on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
+	switch (m->type) {
+	case TFAB_MSG_TENSOR_REQUEST:
+		tfab__send_on_request(peer, m);
+		break;
+	case TFAB_MSG_CANCEL:
+		tfab__send_on_cancel(peer, m->req_index);
+		break;
+	case TFAB_MSG_TAKEN:
+		for (unsigned i = 0; i < m->ntaken && !peer->failed; i++)
+			tfab__send_on_taken(peer, tfab__wire_taken_at(m, i));
+		break;
+	case TFAB_MSG_META_DATA:
+	case TFAB_MSG_ERROR:
+		tfab__recv_on_msg(peer, m);
+		break;
+	default:
+		protocol_error(peer, "an unknown message type");
+	}
+}
+
 void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 {
 	uint32_t id = tfab__imm_peer(imm), low = tfab__imm_low(imm);
 	size_t r = slots_of(ctx);
 	struct tfab_peer *peer = id < ctx->peer_cap ? ctx->peer_by_id[id] : NULL;
+	struct tfab_wire_slot_reader rd;
 	struct tfab_wire_msg m;
 	int rc;
 
@@ -703,8 +784,9 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 		protocol_error(peer, "a message beyond the inbox");
 		return;
 	}
-	rc = tfab__wire_msg_decode(peer->inbox + (size_t)low * SLOT_SIZE, SLOT_SIZE, &m);
-	if (rc) {
+	tfab__wire_slot_start(&rd, peer->inbox + (size_t)low * SLOT_SIZE, SLOT_SIZE);
+	rc = tfab__wire_slot_next(&rd, &m);
+	if (rc != 1) {
 		protocol_error(peer, "a malformed control message");
 		return;
 	}
@@ -713,23 +795,15 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 		return;
 	}
 	peer->rx_consumed[low] = 1;
-	switch (m.type) {
-	case TFAB_MSG_TENSOR_REQUEST:
-		tfab__send_on_request(peer, &m);
-		break;
-	case TFAB_MSG_CANCEL:
-		tfab__send_on_cancel(peer, m.req_index);
-		break;
-	case TFAB_MSG_TAKEN:
-		for (unsigned i = 0; i < m.ntaken && !peer->failed; i++)
-			tfab__send_on_taken(peer, tfab__wire_taken_at(&m, i));
-		break;
-	case TFAB_MSG_META_DATA:
-	case TFAB_MSG_ERROR:
-		tfab__recv_on_msg(peer, &m);
-		break;
-	default:
-		protocol_error(peer, "an unknown message type");
+	/* The slot's messages in order (it may hold several: protocol.md, "Message slot"). */
+	do {
+		on_msg(peer, &m);
+		if (peer->failed)
+			return;
+		rc = tfab__wire_slot_next(&rd, &m);
+	} while (rc == 1);
+	if (rc) {
+		protocol_error(peer, "a malformed control message");
 		return;
 	}
 	while (peer->rx_consumed[peer->rx_next % r]) {
@@ -811,7 +885,7 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 
 void tfab__peers_check_liveness(struct tfab_context *ctx)
 {
-	uint64_t now = tfab__now_ms();
+	uint64_t now = tfab__coarse_ms();
 	struct tfab_list *l, *t;
 
 	if (now < ctx->next_liveness_ms)

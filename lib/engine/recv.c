@@ -5,6 +5,7 @@
  * status (an ERROR reply, the peer's failure, a cleanup, an abort, a timeout).
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,14 +462,16 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		return ctx->abort_status;
 	if (peer->failed)
 		return peer->failed;
-	r = calloc(1, sizeof(*r));
+	r = malloc(sizeof(*r));
 	if (!r)
 		return -ENOMEM;
+	memset(r, 0, offsetof(struct tfab_request, meta));
 	r->ctx = ctx;
 	r->peer = peer;
 	r->step = step;
 	r->key_len = (uint16_t)key_len;
 	memcpy(r->key, key, key_len);
+	r->key[key_len] = '\0';
 	r->user_dest = a->dest;
 	r->flags = a->flags;
 	r->cb = a->cb;
@@ -494,6 +497,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		r->meta_valid = true;
 	} else {
 		ctx->stats.meta_misses++;
+		memset(&r->meta, 0, sizeof(r->meta));
 	}
 	/*
 	 * A caller's destination says what it expects: ask for exactly that, or, taking any
@@ -534,7 +538,7 @@ int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char
 	tfab__ctx_lock(ctx);
 	rc = recv_start(ctx, peer, key, step, a, NULL, NULL);
 	if (rc == 0)
-		tfab__peers_flush(ctx);
+		tfab__peers_flush(ctx, false);
 	tfab__ctx_unlock(ctx);
 	return rc;
 }
@@ -577,7 +581,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 		tfab__ctx_unlock(ctx);
 		return rc;
 	}
-	tfab__peers_flush(ctx);
+	tfab__peers_flush(ctx, false);
 	/* w is written under the lock; r lives at least until w.done. */
 	while (!w.done) {
 		if (tfab__now_ms() >= deadline) {
@@ -596,6 +600,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 			tfab__ctx_lock(ctx);
 		}
 	}
+	tfab__peers_flush(ctx, false); /* the TAKEN that progress held: nothing follows it here */
 	tfab__ctx_unlock(ctx);
 	if (w.status == 0) {
 		if (tensor_p)

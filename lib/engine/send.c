@@ -6,6 +6,7 @@
  * back instead. Dead and empty tensors complete with META_DATA alone.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,7 +226,8 @@ static void take_parked(struct tfab_context *ctx, struct tfab_send *s, struct tf
 {
 	tfab__htable_remove(&ctx->parked, &p->node);
 	tfab__htable_remove(&p->peer->answers, &p->inode);
-	s->resp = *p;
+	/* all but its key (the send's own) */
+	memcpy(&s->resp, p, offsetof(struct tfab_response, key_len));
 	s->resp.send = s;
 	free(p);
 }
@@ -255,11 +257,36 @@ static void send_reoffer(struct tfab_context *ctx, struct tfab_send *s)
 	}
 }
 
+/*
+ * Content the fabric copies out at once (at most its inject size, from host memory) needs no
+ * registration and no completion: the send ends on the receiver's TAKEN or CANCEL as ever,
+ * and a failure of the write fails the peer (peer->inject_w).
+ */
+static bool content_injects(const struct tfab_send *s)
+{
+	return !s->gpu && s->meta.nbytes <= s->resp.peer->path->caps->inject_size;
+}
+
+static void writes_settled(struct tfab_context *ctx, struct tfab_send *s);
+
 static int post_content(struct tfab_send *s)
 {
 	struct tfab_peer *peer = s->resp.peer;
 	int rc;
 
+	if (content_injects(s)) {
+		rc = tfab_conn_write_imm(peer->conn, s->data, s->meta.nbytes, NULL,
+					 s->resp.dest_raddr, s->resp.dest_rkey, s->resp.req_index,
+					 TFAB_WRITE_INJECT, &peer->inject_w);
+		if (rc == 0) {
+			TFAB_TRACE(SUBSYS,
+				   "write of '%s' step %lld: %llu bytes injected to peer %u",
+				   s->key, (long long)s->step, (unsigned long long)s->meta.nbytes,
+				   peer->id);
+			writes_settled(peer->ctx, s); /* done with at once: the verdict is next */
+		}
+		return rc;
+	}
 	rc = tfab_conn_write_imm(peer->conn, s->data, s->meta.nbytes, s->mr, s->resp.dest_raddr,
 				 s->resp.dest_rkey, s->resp.req_index, 0, &s->w);
 	if (rc == 0) {
@@ -355,8 +382,6 @@ static int stage_post(struct tfab_context *ctx, struct tfab_send *s)
 	return 0;
 }
 
-static void writes_settled(struct tfab_context *ctx, struct tfab_send *s);
-
 /* Whether a GPU send has nothing more to post and nothing in flight. */
 static bool stage_over(const struct tfab_send *s)
 {
@@ -398,7 +423,7 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 		rc = track(s);
 		if (rc == 0 && s->gpu)
 			rc = stage_start(ctx, s);
-		else if (rc == 0)
+		else if (rc == 0 && !content_injects(s))
 			rc = s->data_pool
 				 ? tfab__pool_mr(ctx->pool, s->data, peer->path->index, &s->mr)
 				 : tfab__mr_cache_get(peer->path->mr_cache, s->data, s->meta.nbytes,
@@ -441,12 +466,13 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 
 static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
-	struct tfab_response *p = calloc(1, sizeof(*p));
+	struct tfab_response *p = malloc(sizeof(*p));
 
 	if (!p) {
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
 		return;
 	}
+	memset(p, 0, offsetof(struct tfab_response, meta)); /* the rest is set below */
 	p->peer = peer;
 	p->req_index = m->req_index;
 	p->flags = m->flags;
@@ -786,16 +812,19 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 		rc = -EINVAL;
 	if (rc)
 		goto err_data;
-	s = calloc(1, sizeof(*s));
+	s = malloc(sizeof(*s));
 	if (!s) {
 		rc = -ENOMEM;
 		goto err_data;
 	}
+	memset(s, 0, offsetof(struct tfab_send, meta));
+	memset(&s->resp, 0, offsetof(struct tfab_response, meta));
 	s->w.kind = TFAB_WCTX_CONTENT;
 	s->to = to;
 	s->step = step_id;
 	s->key_len = (uint16_t)key_len;
 	memcpy(s->key, key, key_len);
+	s->key[key_len] = '\0';
 	s->data = data;
 	s->data_pool = data_pool;
 	s->gpu = gpu;
@@ -832,10 +861,18 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld (%llu bytes%s) posted", key, (long long)step_id,
 		   (unsigned long long)meta->nbytes, meta->is_dead ? ", dead" : "");
 	p = parked_find(ctx, key, (uint16_t)key_len, step_id, to);
+	if (!p && ctx->nheld) {
+		/* The request may be among the messages the last progress call held back. */
+		tfab__held_dispatch(ctx);
+		if (s->state == TFAB_SEND_WAITING)
+			p = parked_find(ctx, key, (uint16_t)key_len, step_id, to);
+	}
 	if (p) {
 		take_parked(ctx, s, p);
 		answer(ctx, s);
-		tfab__peers_flush(ctx);
+		/* TAKEN held by the last progress call goes with the next one: the peer reads
+		 * this content without it in front */
+		tfab__peers_flush(ctx, true);
 	}
 	tfab__ctx_unlock(ctx);
 	return 0;

@@ -365,7 +365,8 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	p = put_le(p, m->flags, 2);
 	p = put_le(p, payload, 4);
 	p = put_le(p, m->seq, 4);
-	p = put_le(p, 0, 4);
+	p = put_le(p, m->more, 2);
+	p = put_le(p, 0, 2);
 	p = put_le(p, m->req_index, 4);
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
@@ -398,7 +399,13 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	return 0;
 }
 
-int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m)
+void tfab__wire_msg_set_more(void *msg, uint16_t more)
+{
+	put_le((uint8_t *)msg + 12, more, 2);
+}
+
+/* One message at slot (len bytes left there); its encoded length goes to *used_p. */
+static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, size_t *used_p)
 {
 	struct rd r = {.p = slot, .left = len};
 	struct tfab_wire_msg out = {0};
@@ -410,8 +417,10 @@ int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m)
 	out.flags = (uint16_t)get_le(&r, 2);
 	payload = (uint32_t)get_le(&r, 4);
 	out.seq = (uint32_t)get_le(&r, 4);
-	if (get_le(&r, 4) != 0 || r.bad || payload > r.left)
+	out.more = (uint16_t)get_le(&r, 2);
+	if (get_le(&r, 2) != 0 || r.bad || payload > r.left)
 		return -TFAB_ERR_PROTOCOL;
+	*used_p = TFAB_WIRE_MSG_HDR + payload;
 	/* From here on only the declared payload counts; the rest of the slot is stale. */
 	r.left = payload;
 
@@ -454,4 +463,32 @@ int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m)
 		return -TFAB_ERR_PROTOCOL;
 	*m = out;
 	return 0;
+}
+
+int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m)
+{
+	size_t used;
+
+	return msg_decode(slot, len, m, &used);
+}
+
+int tfab__wire_slot_next(struct tfab_wire_slot_reader *rd, struct tfab_wire_msg *m)
+{
+	size_t used;
+	int rc;
+
+	if (rd->started && rd->left == 0)
+		return 0;
+	rc = msg_decode(rd->slot + rd->off, rd->len - rd->off, m, &used);
+	if (rc)
+		return rc;
+	if (!rd->started) {
+		rd->started = true;
+		rd->seq = m->seq;
+	} else if (m->seq != rd->seq || m->more != rd->left - 1) {
+		return -TFAB_ERR_PROTOCOL;
+	}
+	rd->left = m->more;
+	rd->off += used;
+	return 1;
 }

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TFAB_WIRE_VERSION 2
+#define TFAB_WIRE_VERSION 3
 #define TFAB_WIRE_MAGIC 0x42414654u
 #define TFAB_WIRE_BLOB_HDR 24
 #define TFAB_WIRE_PATH_HDR 20 /* each path entry, before its name and address */
@@ -138,6 +138,7 @@ struct tfab_wire_msg {
 	uint8_t type;
 	uint16_t flags;
 	uint32_t seq;
+	uint16_t more; /* messages after this one in its slot */
 	uint32_t req_index;
 	/* TENSOR_REQUEST */
 	int64_t step_id;
@@ -173,11 +174,38 @@ static inline uint32_t tfab__wire_taken_at(const struct tfab_wire_msg *m, unsign
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* Encode a message into a slot of cap bytes; the whole length goes to *len_p. */
+/*
+ * Encode a message into a slot of cap bytes; the whole length goes to *len_p. A slot may hold
+ * several messages back to back: each after the first starts where the one before ended, with
+ * the same seq, and each says in `more` how many follow it.
+ */
 int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap, size_t *len_p);
+/* Set `more` in the header of the encoded message at msg. */
+void tfab__wire_msg_set_more(void *msg, uint16_t more);
 
-/* Decode a slot of len bytes (the slot size: the header says how much is used). */
+/* Decode the first message of a slot of len bytes (the header says how much is used). */
 int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m);
+
+/* Reads a slot's messages in order (tfab__wire_slot_next). */
+struct tfab_wire_slot_reader {
+	const uint8_t *slot;
+	size_t len, off;
+	unsigned left; /* messages still to read, once the first is read */
+	uint32_t seq;
+	bool started;
+};
+
+static inline void tfab__wire_slot_start(struct tfab_wire_slot_reader *rd, const void *slot,
+					 size_t len)
+{
+	*rd = (struct tfab_wire_slot_reader){.slot = slot, .len = len};
+}
+
+/*
+ * The slot's next message into *m: 1, 0 once its last was read, or -TFAB_ERR_PROTOCOL (a
+ * message that does not decode, or a seq or `more` unlike the messages before it).
+ */
+int tfab__wire_slot_next(struct tfab_wire_slot_reader *rd, struct tfab_wire_msg *m);
 
 /* Whether two meta-data are the same tensor layout (dtype, is_dead, shape, nbytes). */
 bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wire_meta *b);

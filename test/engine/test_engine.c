@@ -750,6 +750,11 @@ static int sc_cleanup_fails_peer(struct mp *mp)
 		tfab__ctx_unlock(mp->ctx);
 	}
 	CHECK(mp->rank == 0 || parked == 4);
+	/*
+	 * The TAKEN for the barrier's last receive may be held for the next write or progress
+	 * call (protocol.md, TAKEN): it goes now, before control messages start failing.
+	 */
+	tfab_progress(mp->ctx);
 	fault_ops_install(mp->ctx);
 	fault_ops_set(mp->ctx, &ctrl_fails, 1);
 	CHECK_RC(tfab_step_cleanup(mp->ctx, 21), 0);
@@ -1152,6 +1157,35 @@ static int sc_peer_exits(struct mp *mp)
 		CHECK_RC(tfab_peer_destroy(peer), 0);
 		CHECK_RC(tfab_context_destroy(ctx), 0);
 	}
+	return 0;
+}
+
+/*
+ * A receiver that leaves its peer as soon as a receive has completed: the progress call that
+ * completed it held the TAKEN back for a reply that never comes, and leaving sends it, so the
+ * send is delivered (not failed with the peer).
+ */
+static int sc_leave_after_recv(struct mp *mp)
+{
+	static int32_t val = 7;
+	int64_t one = 1;
+	struct done d = {0};
+
+	if (mp->rank == 0) {
+		DLTensor t = int32_scalar(&val, &one);
+
+		CHECK_RC(tfab_send(mp->ctx, "leave", 1, &t, false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK_RC(d.last_status, 0);
+		return 0;
+	}
+	CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], "leave", 1, NULL, on_recv, &d), 0);
+	CHECK(wait_n(mp, &d, 1));
+	CHECK_RC(d.last_status, 0);
+	CHECK(d.tensor && *(int32_t *)d.tensor->dl_tensor.data == 7);
+	d.tensor->deleter(d.tensor);
+	CHECK_RC(tfab_peer_destroy(mp->peers[0]), 0);
+	mp->peers[0] = NULL;
 	return 0;
 }
 
@@ -2313,6 +2347,7 @@ static const struct mp_scenario scenarios[] = {
      .no_barrier = true,
      .killed = 1u << 2 | 1u << 3},
     {.name = "peer_exits", .nranks = 2, .fn = sc_peer_exits, .no_barrier = true},
+    {.name = "leave_after_recv", .nranks = 2, .fn = sc_leave_after_recv, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
     {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},

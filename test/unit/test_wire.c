@@ -229,12 +229,13 @@ static void raw_fill(struct raw *r, uint8_t c, size_t n)
 static void raw_hdr(struct raw *r, uint8_t type, uint16_t flags)
 {
 	r->n = 0;
-	raw_le(r, 2, 1);
+	raw_le(r, TFAB_WIRE_VERSION, 1);
 	raw_le(r, type, 1);
 	raw_le(r, flags, 2);
 	raw_le(r, 0, 4); /* length, set by raw_fix_len */
 	raw_le(r, 42, 4);
-	raw_le(r, 0, 4);
+	raw_le(r, 0, 2); /* more */
+	raw_le(r, 0, 2);
 }
 
 static void raw_fix_len(struct raw *r)
@@ -304,7 +305,7 @@ enum {
 static const uint8_t blob_bytes[] = {
     /* header */
     0x54, 0x46, 0x41, 0x42,	  /* magic "TFAB" */
-    0x02, 0x00,			  /* version */
+    0x03, 0x00,			  /* version */
     0x02, 0x00,			  /* npaths */
     0x40, 0x00, 0x00, 0x00,	  /* ring_slots 64 */
     0x00, 0x04, 0x00, 0x00,	  /* slot_size 1024 */
@@ -576,7 +577,7 @@ static void raw_blob(struct raw *r, uint16_t npaths, uint16_t host_len)
 {
 	r->n = 0;
 	raw_le(r, TFAB_WIRE_MAGIC, 4);
-	raw_le(r, 2, 2);
+	raw_le(r, TFAB_WIRE_VERSION, 2);
 	raw_le(r, npaths, 2);
 	raw_le(r, 64, 4);
 	raw_le(r, 1024, 4);
@@ -658,7 +659,8 @@ static void test_blob_reject_header(void **state)
 	/* Version: another version with a good magic is a version mismatch... */
 	blob_reject_patched(B_VERSION, 0, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 1, 2, -TFAB_ERR_VERSION);
-	blob_reject_patched(B_VERSION, 3, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 2, 2, -TFAB_ERR_VERSION); /* one slot, one message */
+	blob_reject_patched(B_VERSION, 4, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0x200, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0xffff, 2, -TFAB_ERR_VERSION);
 	/* ...a version 1 blob too, whole or cut anywhere after its version... */
@@ -776,7 +778,7 @@ static void raw_max_blob(struct raw *r)
 {
 	r->n = 0;
 	raw_le(r, TFAB_WIRE_MAGIC, 4);
-	raw_le(r, 2, 2);
+	raw_le(r, TFAB_WIRE_VERSION, 2);
 	raw_le(r, TFAB_WIRE_MAX_PATHS, 2);
 	raw_le(r, TFAB_WIRE_MAX_SLOTS, 4);
 	raw_le(r, TFAB_WIRE_MIN_SLOT, 4);
@@ -951,12 +953,12 @@ static void test_blob_encode_nospace(void **state)
 /* Pinned against doc/protocol.md: header, TENSOR_REQUEST, then the meta-data table. */
 static const uint8_t request_bytes[] = {
     /* header */
-    0x02,		    /* version */
+    0x03,		    /* version */
     0x01,		    /* type TENSOR_REQUEST */
     0x03, 0x00,		    /* flags META_VALID | REREQUEST */
     0x48, 0x00, 0x00, 0x00, /* length 72 */
     0x04, 0x03, 0x02, 0x01, /* seq */
-    0x00, 0x00, 0x00, 0x00, /* reserved */
+    0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
     /* payload */
     0x56, 0x34, 0x12, 0x00,			    /* req_index */
     0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, /* step_id -2 */
@@ -978,10 +980,10 @@ static const uint8_t request_bytes[] = {
 };
 
 static const uint8_t meta_data_bytes[] = {
-    0x02, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
+    0x03, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
     0x14, 0x00, 0x00, 0x00,			    /* length 20 */
     0x07, 0x00, 0x00, 0x00,			    /* seq */
-    0x00, 0x00, 0x00, 0x00,			    /* reserved */
+    0x00, 0x00, 0x00, 0x00,			    /* more 0, reserved */
     0x09, 0x00, 0x00, 0x00,			    /* req_index */
     0x02, 0x20, 0x01, 0x00,			    /* float32, 1 lane */
     0x01, 0x00, 0x00, 0x00,			    /* dead, ndim 0, reserved */
@@ -989,10 +991,10 @@ static const uint8_t meta_data_bytes[] = {
 };
 
 static const uint8_t error_bytes[] = {
-    0x02, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
+    0x03, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
     0x0c, 0x00, 0x00, 0x00, /* length 12 */
     0x01, 0x00, 0x00, 0x00, /* seq */
-    0x00, 0x00, 0x00, 0x00, /* reserved */
+    0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
     0x02, 0x00, 0x00, 0x00, /* req_index */
     0xfd, 0xfe, 0xff, 0xff, /* status -259 */
     0x02, 0x00,		    /* msg_len */
@@ -1000,18 +1002,18 @@ static const uint8_t error_bytes[] = {
 };
 
 static const uint8_t cancel_bytes[] = {
-    0x02, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
+    0x03, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
     0x04, 0x00, 0x00, 0x00, /* length 4 */
     0xff, 0xff, 0xff, 0xff, /* seq */
-    0x00, 0x00, 0x00, 0x00, /* reserved */
+    0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
     0xff, 0xff, 0xff, 0x7f, /* req_index */
 };
 
 static const uint8_t taken_bytes[] = {
-    0x02, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x03, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
     0x0e, 0x00, 0x00, 0x00, /* length 14 */
     0x03, 0x00, 0x00, 0x00, /* seq */
-    0x00, 0x00, 0x00, 0x00, /* reserved */
+    0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
     0x01, 0x00, 0x10, 0x00, /* req_index: the first taken */
     0x02, 0x00,		    /* two more */
     0x02, 0x00, 0x20, 0x00, /* the second */
@@ -1284,6 +1286,107 @@ static void test_taken_round_trip(void **state)
 	assert_true(TFAB_WIRE_MSG_HDR + 6 + 4 * (TFAB_WIRE_MAX_TAKEN - 1) <= TFAB_WIRE_MIN_SLOT);
 }
 
+/* A slot of a request with a TAKEN after it, as the engine sends one (more, seq as given). */
+static size_t two_message_slot(uint8_t *slot, size_t cap, uint16_t more1, uint16_t more2,
+			       uint32_t seq2)
+{
+	size_t n = sizeof(request_bytes);
+
+	memset(slot, 0, cap);
+	memcpy(slot, request_bytes, n);
+	tfab__wire_msg_set_more(slot, more1);
+	memcpy(slot + n, taken_bytes, sizeof(taken_bytes));
+	tfab__wire_msg_set_more(slot + n, more2);
+	patch_le(slot + n + 8, seq2, 4);
+	return n + sizeof(taken_bytes);
+}
+
+/* A slot's messages are read in order, and the end is seen. */
+static void test_slot_messages(void **state)
+{
+	uint8_t slot[TFAB_WIRE_MIN_SLOT];
+	struct tfab_wire_slot_reader rd;
+	struct tfab_wire_msg m;
+
+	(void)state;
+	/* One message, as every slot of version 2 was. */
+	memset(slot, 0, sizeof(slot));
+	memcpy(slot, cancel_bytes, sizeof(cancel_bytes));
+	tfab__wire_slot_start(&rd, slot, sizeof(slot));
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(m.type, TFAB_MSG_CANCEL);
+	assert_int_equal(m.more, 0);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 0);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 0);
+
+	/* Two: a request, then a TAKEN with the same seq. */
+	two_message_slot(slot, sizeof(slot), 1, 0, 0x01020304);
+	tfab__wire_slot_start(&rd, slot, sizeof(slot));
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(m.type, TFAB_MSG_TENSOR_REQUEST);
+	assert_int_equal(m.more, 1);
+	assert_memory_equal(m.key, "ab", 2);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(m.type, TFAB_MSG_TAKEN);
+	assert_int_equal(m.seq, 0x01020304);
+	assert_int_equal(m.ntaken, 3);
+	assert_int_equal(tfab__wire_taken_at(&m, 2), 0x7fffffff);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 0);
+
+	/* The encoder writes `more`, and tfab__wire_msg_set_more changes it in place. */
+	sample_taken(&m);
+	m.more = 7;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &(size_t){0}), 0);
+	assert_int_equal(slot[12], 7);
+	tfab__wire_msg_set_more(slot, 0x102);
+	assert_int_equal(slot[12] | slot[13] << 8, 0x102);
+	assert_int_equal(slot[14] | slot[15], 0);
+}
+
+/* A message after the first unlike it (seq, count) or not there is a protocol error. */
+static void test_slot_reject(void **state)
+{
+	uint8_t slot[TFAB_WIRE_MIN_SLOT];
+	struct tfab_wire_slot_reader rd;
+	struct tfab_wire_msg m;
+	size_t used;
+	struct {
+		uint16_t more1, more2;
+		uint32_t seq2;
+	} bad[] = {
+	    {1, 0, 0x01020305}, /* another seq */
+	    {1, 0, 0},		/* seq 0 */
+	    {1, 1, 0x01020304}, /* the second says one more follows: none does */
+	    {2, 0, 0x01020304}, /* the first says two follow, the second none */
+	    {2, 2, 0x01020304}, /* a count that does not go down */
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		two_message_slot(slot, sizeof(slot), bad[i].more1, bad[i].more2, bad[i].seq2);
+		tfab__wire_slot_start(&rd, slot, sizeof(slot));
+		assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+		assert_int_equal(tfab__wire_slot_next(&rd, &m), -TFAB_ERR_PROTOCOL);
+	}
+	/* The first says one follows, and the rest of the slot is zeros. */
+	two_message_slot(slot, sizeof(slot), 1, 0, 0x01020304);
+	memset(slot + sizeof(request_bytes), 0, sizeof(taken_bytes));
+	tfab__wire_slot_start(&rd, slot, sizeof(slot));
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), -TFAB_ERR_PROTOCOL);
+	/* The second runs past the end of the slot, by any amount. */
+	used = two_message_slot(slot, sizeof(slot), 1, 0, 0x01020304);
+	for (size_t len = sizeof(request_bytes); len < used; len++) {
+		tfab__wire_slot_start(&rd, slot, len);
+		assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+		assert_int_equal(tfab__wire_slot_next(&rd, &m), -TFAB_ERR_PROTOCOL);
+	}
+	tfab__wire_slot_start(&rd, slot, used);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 0);
+}
+
 /* The largest message of each type fits the smallest slot. */
 static void test_largest_fits_min_slot(void **state)
 {
@@ -1344,8 +1447,8 @@ static void test_reject_header(void **state)
 	expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
 	patch_le(buf + 4, 0x80000004u, 4);
 	expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
-	/* Reserved. */
-	for (size_t i = 12; i < 16; i++) {
+	/* Reserved (bytes 12 and 13 are `more`: see test_slot_*). */
+	for (size_t i = 14; i < 16; i++) {
 		memcpy(buf, cancel_bytes, sizeof(cancel_bytes));
 		buf[i] = 0x80;
 		expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
@@ -2233,6 +2336,8 @@ int main(void)
 	    cmocka_unit_test(test_cancel_round_trip),
 	    cmocka_unit_test(test_taken_round_trip),
 	    cmocka_unit_test(test_largest_fits_min_slot),
+	    cmocka_unit_test(test_slot_messages),
+	    cmocka_unit_test(test_slot_reject),
 	    cmocka_unit_test(test_reject_header),
 	    cmocka_unit_test(test_reject_request),
 	    cmocka_unit_test(test_reject_meta),
