@@ -63,6 +63,7 @@ struct perf_result {
 	bool verified;	 /* --verify: every byte arrived as sent */
 	bool has_engine; /* tensor: the engine's counters below are set */
 	uint64_t copies, meta_misses;
+	double writes_per_fetch; /* fabric writes of both sides per tensor fetch */
 };
 
 /* Runs the raw test over a connected pair; the client fills res. Returns 0 or a status. */

@@ -126,6 +126,8 @@ struct tstate {
 	struct xfer tx[2], rx[2]; /* the ping-pong: sends and receives of two rounds */
 	struct xfer ctl;	  /* the verdict, the last barrier */
 	uint8_t ctl_byte;
+	/* the report of a size: the server's fabric writes, then its verdict (one byte) */
+	uint8_t report[9];
 #ifdef TFAB_PERF_DAMAGE
 	int size_index;	      /* the test build: of the size running */
 	uint64_t damage_seed; /* the tensor whose pattern its sender spoils */
@@ -252,26 +254,44 @@ static int xfer_post(struct xfer *x, bool send, const char *key, int64_t step, u
 	return rc;
 }
 
+/* The fabric writes this side's context has posted. */
+static uint64_t writes_of(struct tfab_context *ctx)
+{
+	struct tfab_stats st;
+
+	if (tfab_get_stats(ctx, &st))
+		return 0;
+	return st.writes_content + st.writes_ctrl + st.writes_credit;
+}
+
 /*
- * --verify: the server's verdict on the pings it received goes to the client, which adds it
- * to its own.
+ * After a size, the server reports to the client the fabric writes it posted for the size
+ * (writes) and, with --verify, its verdict on the pings it received: the client adds both to
+ * its own. *writes_p: the server's count (client), *ok_p: the verdicts together.
  */
-static int exchange_verdict(struct tstate *s, bool client, int64_t step, bool *ok_p)
+static int exchange_report(struct tstate *s, bool client, int64_t step, uint64_t writes,
+			   uint64_t *writes_p, bool *ok_p)
 {
 	struct xfer *x = &s->ctl;
 	int rc;
 
-	s->ctl_byte = s->damaged == 0;
-	xfer_init(x, s, &s->ctl_byte, 1, false);
+	for (int i = 0; i < 8; i++)
+		s->report[i] = (uint8_t)(writes >> (8 * i));
+	s->report[8] = s->damaged == 0;
+	xfer_init(x, s, s->report, sizeof(s->report), false);
 	s->sent = s->received = 0;
 	if (client)
-		rc = tfab_recv(s->ctx, s->peer, "verdict", step, &x->t, on_recv, x);
+		rc = tfab_recv(s->ctx, s->peer, "report", step, &x->t, on_recv, x);
 	else
-		rc = tfab_send(s->ctx, "verdict", step, &x->t, false, on_sent, x);
+		rc = tfab_send(s->ctx, "report", step, &x->t, false, on_sent, x);
 	if (rc == 0 && !wait_count(s, client ? &s->received : &s->sent, 1))
 		rc = s->err;
-	if (rc == 0)
-		*ok_p = s->damaged == 0 && s->ctl_byte == 1;
+	if (rc == 0) {
+		*writes_p = 0;
+		for (int i = 0; i < 8; i++)
+			*writes_p |= (uint64_t)s->report[i] << (8 * i);
+		*ok_p = s->damaged == 0 && s->report[8] == 1;
+	}
 	return rc;
 }
 
@@ -286,7 +306,7 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	unsigned warm = iters / 10 ? iters / 10 : 1, total = warm + iters;
 	unsigned lat_n = perf_lat_iters(iters), lat_warm = lat_n / 10 ? lat_n / 10 : 1;
 	struct xfer *tx = s->tx, *rx = s->rx;
-	uint64_t posted = 0, t0 = 0, t1;
+	uint64_t posted = 0, t0 = 0, t1, writes = writes_of(s->ctx), peer_writes = 0;
 	int rc;
 
 	for (unsigned w = 0; w < window; w++)
@@ -372,9 +392,13 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	res->iters = iters;
 	res->window = window;
 	res->bytes = size;
-	if (s->verify)
-		return exchange_verdict(s, client, step_base + lat_n + lat_warm, &res->verified);
-	return 0;
+	writes = writes_of(s->ctx) - writes;
+	rc = exchange_report(s, client, step_base + lat_n + lat_warm, writes, &peer_writes,
+			     &res->verified);
+	/* every fetch of the size, warm-ups included: the bandwidth slots and both ways of each round */
+	res->writes_per_fetch =
+	    (double)(writes + peer_writes) / (double)(total + 2 * (lat_n + lat_warm));
+	return rc;
 }
 
 /* --verify: free the bandwidth slots' buffers, after the context has forgotten them. */
@@ -433,9 +457,9 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		if (p->client && !o->json) {
 			printf("tfab-perf tensor: path %s (%s %s on %s)\n", tfab_peer_path(s.peer),
 			       backend, fabric, domain);
-			printf("%12s %9s %7s %10s %10s %10s   %-18s %s\n", "bytes", "iters",
+			printf("%12s %9s %7s %10s %10s %10s   %-18s %12s %s\n", "bytes", "iters",
 			       "window", "GB/s", "Gb/s", "lat_us", "copies/meta_misses",
-			       "verified");
+			       "writes/fetch", "verified");
 		}
 	for (unsigned w = 0; w < 4 && rc == 0; w++)
 		rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);

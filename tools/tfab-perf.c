@@ -114,7 +114,9 @@ static void usage(FILE *f)
 	    "JSON fields: test, path, backend, fabric, domain, bytes, iters, window, gbps "
 	    "(gigabits per\n"
 	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified\n"
-	    "(null without --verify); tensor adds copies and meta_misses. memcpy rows have\n"
+	    "(null without --verify); tensor adds copies, meta_misses and writes_per_fetch (fabric "
+	    "writes of\n"
+	    "both sides per tensor fetch, over the size's fetches). memcpy rows have\n"
 	    "backend memcpy, window 1 and lat_us the time of one copy; -n, -s and --verify\n"
 	    "apply to them, the fabric's options do not.\n");
 }
@@ -436,16 +438,17 @@ void perf_print_result(const struct perf_opts *o, const char *test, const char *
 		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->lat_us,
 		       o->verify ? (r->verified ? "true" : "false") : "null");
 		if (r->has_engine)
-			printf(",\"copies\":%llu,\"meta_misses\":%llu",
-			       (unsigned long long)r->copies, (unsigned long long)r->meta_misses);
+			printf(",\"copies\":%llu,\"meta_misses\":%llu,\"writes_per_fetch\":%.3f",
+			       (unsigned long long)r->copies, (unsigned long long)r->meta_misses,
+			       r->writes_per_fetch);
 		printf("}\n");
 	} else if (r->has_engine) {
 		char cm[48];
 
 		snprintf(cm, sizeof(cm), "%llu/%llu", (unsigned long long)r->copies,
 			 (unsigned long long)r->meta_misses);
-		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %-18s %s\n", r->bytes, r->iters,
-		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, cm,
+		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %-18s %12.2f %s\n", r->bytes, r->iters,
+		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, cm, r->writes_per_fetch,
 		       o->verify ? (r->verified ? "yes" : "NO") : "-");
 	} else {
 		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters, r->window,

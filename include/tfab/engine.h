@@ -184,7 +184,12 @@ struct tfab_stats {
 	uint64_t mr_misses;	   /* and misses */
 	uint64_t mr_registrations; /* regions registered, cache and pool */
 	uint64_t bytes_copied;	   /* tensor bytes the library copied: 0 on the DMAable path */
-	uint64_t ctrl_messages;	   /* control messages sent */
+	uint64_t ctrl_messages;	   /* control messages sent (several may share a write) */
+	/* Fabric writes this context posted: what a tensor fetch costs the fabric. */
+	uint64_t writes_content; /* tensor content (each chunk of a staged one too) */
+	uint64_t writes_ctrl;	 /* control slots, each with one or more messages */
+	uint64_t writes_credit;	 /* credit returns */
+	uint64_t meta_evictions; /* meta-data cache entries dropped for TFAB_META_CACHE_ENTRIES */
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

@@ -202,15 +202,17 @@ static bool completed_here(const struct tfab_context *ctx, bool fresh)
 
 /*
  * Dispatch a batch of events in order, except that once a receive has completed in this
- * progress call the control messages after it wait in ctx->held for the next call (or for a
- * send that finds no request), so that its callback, and the application's reply, come first.
+ * progress call the control messages after it (not credit returns) wait in ctx->held for the
+ * next call (or for a send that finds no request), so that its callback, and the
+ * application's reply, come first.
  * Content may pass control messages: none of them concerns a request content is landing for.
  */
 static void batch_dispatch(struct tfab_context *ctx, struct tfab_event *ev, int n, bool fresh)
 {
 	for (int i = 0; i < n; i++) {
+		/* credits are not held: they let our own messages go */
 		if (ev[i].type == TFAB_EV_REMOTE_WRITE && tfab__imm_is_ctrl(ev[i].imm) &&
-		    completed_here(ctx, fresh))
+		    !tfab__imm_is_credit(ev[i].imm) && completed_here(ctx, fresh))
 			ctx->held[ctx->nheld++] = ev[i];
 		else
 			dispatch(ctx, &ev[i]);
@@ -312,6 +314,7 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	tfab__list_init(&ctx->done_reqs);
 	tfab__list_init(&ctx->done_sends);
 	tfab__list_init(&ctx->sends_live);
+	tfab__list_init(&ctx->meta_lru);
 	ctx->listen_fd = -1;
 	rc = tfab__config_init(&ctx->cfg, err, sizeof(err));
 	if (rc) {

@@ -49,7 +49,9 @@ struct tfab_outbox_slot {
 
 /* Cached meta-data of one key from one peer. */
 struct tfab_meta_entry {
-	struct tfab_hnode node;
+	struct tfab_hnode node; /* its peer's meta, by key */
+	struct tfab_list lru;	/* ctx->meta_lru: the least recently used first */
+	struct tfab_peer *peer;
 	struct tfab_wire_meta meta;
 	uint16_t key_len;
 	char key[];
@@ -267,6 +269,9 @@ struct tfab_context {
 	int listen_fd;
 	uint64_t next_liveness_ms;
 	uint64_t progress_gen; /* progress calls so far */
+	/* Every peer's meta-data cache entries, least recently used first; at most the bound. */
+	struct tfab_list meta_lru;
+	size_t meta_count;
 	/* Control messages a progress call held back (tfab__progress_locked). */
 	struct tfab_event held[TFAB_POLL_EVENTS];
 	unsigned nheld;

@@ -117,8 +117,13 @@ void tfab__peer_free(struct tfab_peer *peer)
 			struct tfab_hnode *n = peer->meta.buckets[i], *next;
 
 			for (; n; n = next) {
+				struct tfab_meta_entry *e =
+				    tfab_container_of(n, struct tfab_meta_entry, node);
+
 				next = n->next;
-				free(tfab_container_of(n, struct tfab_meta_entry, node));
+				tfab__list_del(&e->lru);
+				ctx->meta_count--;
+				free(e);
 			}
 		}
 		tfab__htable_fini(&peer->meta);
@@ -472,21 +477,42 @@ int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int 
 
 /* Control messages out. */
 
-static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len);
+static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len, unsigned nmsgs);
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+/* A control slot being filled: encoded messages back to back (protocol.md, "Message slot"). */
+struct slot_fill {
+	uint8_t *src;
+	size_t len;
+	unsigned n;
+	uint16_t off[SLOT_SIZE / TFAB_WIRE_MSG_HDR];
+	uint32_t riding; /* TAKEN indexes it took from the end of peer->taken */
+};
+
+static void fill_push(struct slot_fill *f, size_t len)
+{
+	f->off[f->n++] = (uint16_t)f->len;
+	f->len += len;
+}
 
 /*
- * The TAKEN indexes waiting (held or not) ride in the slot of a message that goes anyway, as
- * many as fit after its len bytes, taken from the end of peer->taken: the bytes added (0 if
- * none fit), their count in *n_p (the caller gives them back if the write is not posted).
+ * The TAKEN indexes waiting (held or not) ride at the end of a slot that goes anyway, as many
+ * as fit, taken from the end of peer->taken (fill_post gives them back if it is not posted).
  */
-static size_t taken_ride_along(struct tfab_peer *peer, uint8_t *slot, size_t len, uint32_t *n_p)
+static void fill_taken(struct tfab_peer *peer, struct slot_fill *f)
 {
-	struct tfab_wire_msg t = {.type = TFAB_MSG_TAKEN, .seq = peer->tx_seq};
-	size_t room = SLOT_SIZE - len, n, tlen;
+	struct tfab_wire_msg t = {.type = TFAB_MSG_TAKEN};
+	size_t room = SLOT_SIZE - f->len, n, tlen;
 
-	*n_p = 0;
-	if (room < TFAB_WIRE_MSG_HDR + 6)
-		return 0;
+	if (!peer->ctx->cfg.ctrl_batch || !peer->ntaken || room < TFAB_WIRE_MSG_HDR + 6)
+		return;
 	n = (room - TFAB_WIRE_MSG_HDR - 6) / 4 + 1;
 	if (n > peer->ntaken)
 		n = peer->ntaken;
@@ -495,40 +521,59 @@ static size_t taken_ride_along(struct tfab_peer *peer, uint8_t *slot, size_t len
 	t.ntaken = (uint16_t)n;
 	t.req_index = peer->taken[peer->ntaken - n];
 	t.taken = peer->taken + peer->ntaken - n + 1;
-	if (tfab__wire_msg_encode(&t, slot + len, room, &tlen))
-		return 0;
-	tfab__wire_msg_set_more(slot, 1);
+	if (tfab__wire_msg_encode(&t, f->src + f->len, room, &tlen))
+		return;
+	fill_push(f, tlen);
 	peer->ntaken -= (uint32_t)n;
-	*n_p = (uint32_t)n;
-	return tlen;
+	f->riding = (uint32_t)n;
+}
+
+/* Seq and `more` into every header, then the write: as post_slot. */
+static int fill_post(struct tfab_peer *peer, struct slot_fill *f)
+{
+	int rc;
+
+	for (unsigned k = 0; k < f->n; k++) {
+		put_le32(f->src + f->off[k] + 8, peer->tx_seq);
+		tfab__wire_msg_set_more(f->src + f->off[k], (uint16_t)(f->n - 1 - k));
+	}
+	rc = post_slot(peer, f->src, f->len, f->n);
+	if (rc == -EAGAIN)
+		peer->ntaken += f->riding; /* still at the end of peer->taken */
+	return rc;
+}
+
+/* Whether a slot can go now: credit, and the outbox slot's last write completed. */
+static bool slot_free(struct tfab_peer *peer)
+{
+	return peer->tx_seq - peer->tx_acked < peer->remote_slots &&
+	       !peer->oslots[peer->tx_seq % slots_of(peer->ctx)].busy;
+}
+
+static uint8_t *slot_src(struct tfab_peer *peer)
+{
+	return peer->outbox + (size_t)(peer->tx_seq % slots_of(peer->ctx)) * SLOT_SIZE;
 }
 
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
-	struct tfab_context *ctx = peer->ctx;
-	size_t r = slots_of(ctx), len;
 	struct tfab_pending_msg *pm;
-	uint32_t riding = 0;
+	size_t len;
 	int rc;
 
 	if (peer->failed)
 		return peer->failed;
 	/* The common case: credit, a free slot, nothing queued: encode in place and post. */
-	if (peer->connected && tfab__list_empty(&peer->pending) &&
-	    peer->tx_seq - peer->tx_acked < peer->remote_slots &&
-	    !peer->oslots[peer->tx_seq % r].busy) {
-		uint8_t *src = peer->outbox + (size_t)(peer->tx_seq % r) * SLOT_SIZE;
-		struct tfab_wire_msg mm = *m;
+	if (peer->connected && tfab__list_empty(&peer->pending) && slot_free(peer)) {
+		struct slot_fill f = {.src = slot_src(peer)};
 
-		mm.seq = peer->tx_seq;
-		rc = tfab__wire_msg_encode(&mm, src, SLOT_SIZE, &len);
+		rc = tfab__wire_msg_encode(m, f.src, SLOT_SIZE, &len);
 		if (rc)
 			return rc;
-		if (peer->ntaken && m->type != TFAB_MSG_TAKEN)
-			len += taken_ride_along(peer, src, len, &riding);
-		rc = post_slot(peer, src, len);
-		if (rc == -EAGAIN)
-			peer->ntaken += riding; /* still at the end of peer->taken */
+		fill_push(&f, len);
+		if (m->type != TFAB_MSG_TAKEN)
+			fill_taken(peer, &f);
+		rc = fill_post(peer, &f);
 		if (rc != -EAGAIN)
 			return rc;
 		/* back-pressure: queue the encoded bytes below */
@@ -553,25 +598,22 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	return 0;
 }
 
-static void put_le32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
 /*
  * Write the message at src (an outbox slot, its seq already tfab_peer->tx_seq) to the peer's
  * inbox. 0, -EAGAIN (nothing done), or an error that has failed the peer.
  */
-static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len)
+static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len, unsigned nmsgs)
 {
 	struct tfab_context *ctx = peer->ctx;
 	uint32_t rslot = peer->tx_seq % peer->remote_slots;
 	struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % slots_of(ctx)];
+	/* The credits due ride along (protocol.md, "Message slot"). */
+	uint32_t credits = ctx->cfg.ctrl_batch ? peer->rx_unreturned : 0;
 	int rc;
 
+	if (credits > TFAB_WIRE_MAX_SLOTS)
+		credits = TFAB_WIRE_MAX_SLOTS;
+	tfab__wire_msg_set_credits(src, (uint16_t)credits);
 	rc = tfab_conn_write_imm(peer->conn, src, len, peer->outbox_mr,
 				 peer->remote_raddr + (uint64_t)rslot * peer->remote_slot_size,
 				 peer->remote_rkey, tfab__imm_msg(peer->remote_id, rslot), 0,
@@ -587,31 +629,47 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len)
 	TFAB_TRACE(SUBSYS, "peer %u: message of type %u, %zu bytes, seq %u into slot %u", peer->id,
 		   src[1], len, peer->tx_seq, rslot);
 	peer->tx_seq++;
-	ctx->stats.ctrl_messages++;
+	peer->rx_unreturned -= credits;
+	ctx->stats.ctrl_messages += nmsgs;
+	ctx->stats.writes_ctrl++;
 	return 0;
 }
 
+/*
+ * The queued messages, in order, as many to a slot as fit (one with TFAB_CTRL_BATCH=0), with
+ * the waiting TAKEN indexes behind the last ones.
+ */
 static void peer_flush(struct tfab_peer *peer)
 {
-	struct tfab_context *ctx = peer->ctx;
-	size_t r = slots_of(ctx);
+	bool batch = peer->ctx->cfg.ctrl_batch;
 
 	if (!peer->connected || peer->failed)
 		return;
 	while (!tfab__list_empty(&peer->pending)) {
-		struct tfab_pending_msg *pm =
-		    tfab_container_of(peer->pending.next, struct tfab_pending_msg, link);
-		struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % r];
-		uint8_t *src = peer->outbox + (size_t)(peer->tx_seq % r) * SLOT_SIZE;
+		struct slot_fill f = {.src = slot_src(peer)};
+		struct tfab_list *l = peer->pending.next;
+		unsigned packed;
 
-		if (peer->tx_seq - peer->tx_acked >= peer->remote_slots || os->busy)
+		if (!slot_free(peer))
 			return; /* no credit, or the slot's last write has not completed */
-		memcpy(src, pm->bytes, pm->len);
-		put_le32(src + 8, peer->tx_seq);
-		if (post_slot(peer, src, pm->len))
+		for (; l != &peer->pending; l = l->next) {
+			struct tfab_pending_msg *pm =
+			    tfab_container_of(l, struct tfab_pending_msg, link);
+
+			if (f.n && (!batch || f.len + pm->len > SLOT_SIZE))
+				break;
+			memcpy(f.src + f.len, pm->bytes, pm->len);
+			fill_push(&f, pm->len);
+		}
+		packed = f.n;
+		fill_taken(peer, &f);
+		if (fill_post(peer, &f))
 			return;
-		tfab__list_del(&pm->link);
-		free(pm);
+		while (packed--) {
+			l = peer->pending.next;
+			tfab__list_del(l);
+			free(tfab_container_of(l, struct tfab_pending_msg, link));
+		}
 	}
 }
 
@@ -640,17 +698,14 @@ int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index)
  */
 static void peer_send_taken(struct tfab_peer *peer)
 {
-	size_t r = slots_of(peer->ctx);
 	uint32_t done = 0;
 
 	while (done < peer->ntaken && !peer->failed) {
 		uint32_t n = peer->ntaken - done;
 		struct tfab_wire_msg m = {.type = TFAB_MSG_TAKEN};
-		bool slot_free = tfab__list_empty(&peer->pending) &&
-				 peer->tx_seq - peer->tx_acked < peer->remote_slots &&
-				 !peer->oslots[peer->tx_seq % r].busy;
+		bool now = tfab__list_empty(&peer->pending) && slot_free(peer);
 
-		if (!slot_free && n < TFAB_WIRE_MAX_TAKEN)
+		if (!now && n < TFAB_WIRE_MAX_TAKEN)
 			break;
 		if (n > TFAB_WIRE_MAX_TAKEN)
 			n = TFAB_WIRE_MAX_TAKEN;
@@ -695,6 +750,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 		}
 		if (!inject)
 			peer->users++;
+		ctx->stats.writes_credit++;
 		peer->rx_unreturned -= n;
 		TFAB_TRACE(SUBSYS, "peer %u: %u credits returned", peer->id, n);
 	}
@@ -794,6 +850,11 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 		protocol_error(peer, "a control message out of its window");
 		return;
 	}
+	if (m.credits > peer->tx_seq - peer->tx_acked) {
+		protocol_error(peer, "credits returned for messages never sent");
+		return;
+	}
+	peer->tx_acked += m.credits;
 	peer->rx_consumed[low] = 1;
 	/* The slot's messages in order (it may hold several: protocol.md, "Message slot"). */
 	do {
@@ -927,8 +988,12 @@ struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char 
 	     n = tfab__htable_next(n, h)) {
 		struct tfab_meta_entry *e = tfab_container_of(n, struct tfab_meta_entry, node);
 
-		if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0)
+		if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0) {
+			/* the most recently used now */
+			tfab__list_del(&e->lru);
+			tfab__list_add_tail(&peer->ctx->meta_lru, &e->lru);
 			return e;
+		}
 	}
 	return NULL;
 }
@@ -936,6 +1001,7 @@ struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char 
 int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_len,
 			  const struct tfab_wire_meta *meta)
 {
+	struct tfab_context *ctx = peer->ctx;
 	struct tfab_meta_entry *e = tfab__peer_meta_find(peer, key, key_len);
 	int rc;
 
@@ -955,9 +1021,24 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 		return -ENOMEM;
 	e->meta = *meta;
 	e->key_len = key_len;
+	e->peer = peer;
 	memcpy(e->key, key, key_len);
 	rc = tfab__htable_insert(&peer->meta, &e->node, key_hash(key, key_len));
-	if (rc)
+	if (rc) {
 		free(e);
-	return rc;
+		return rc;
+	}
+	tfab__list_add_tail(&ctx->meta_lru, &e->lru);
+	if (++ctx->meta_count > ctx->cfg.meta_cache_entries) {
+		/* The least recently used goes: its key's next receive asks without meta-data. */
+		struct tfab_meta_entry *old =
+		    tfab_container_of(ctx->meta_lru.next, struct tfab_meta_entry, lru);
+
+		tfab__htable_remove(&old->peer->meta, &old->node);
+		tfab__list_del(&old->lru);
+		ctx->meta_count--;
+		ctx->stats.meta_evictions++;
+		free(old);
+	}
+	return 0;
 }

@@ -279,6 +279,7 @@ static int post_content(struct tfab_send *s)
 					 s->resp.dest_raddr, s->resp.dest_rkey, s->resp.req_index,
 					 TFAB_WRITE_INJECT, &peer->inject_w);
 		if (rc == 0) {
+			peer->ctx->stats.writes_content++;
 			TFAB_TRACE(SUBSYS,
 				   "write of '%s' step %lld: %llu bytes injected to peer %u",
 				   s->key, (long long)s->step, (unsigned long long)s->meta.nbytes,
@@ -292,6 +293,7 @@ static int post_content(struct tfab_send *s)
 	if (rc == 0) {
 		s->in_flight = true;
 		peer->users++;
+		peer->ctx->stats.writes_content++;
 		TFAB_TRACE(SUBSYS, "write of '%s' step %lld: %llu bytes to peer %u, request %#x",
 			   s->key, (long long)s->step, (unsigned long long)s->meta.nbytes, peer->id,
 			   s->resp.req_index);
@@ -378,6 +380,7 @@ static int stage_post(struct tfab_context *ctx, struct tfab_send *s)
 		s->writes_out++;
 		s->in_flight = true;
 		peer->users++;
+		ctx->stats.writes_content++;
 	}
 	return 0;
 }
@@ -409,6 +412,39 @@ void tfab__sends_stage(struct tfab_context *ctx)
 	}
 }
 
+/*
+ * A tensor with no content (empty or dead) whose meta-data the receiver has right: a write of
+ * zero bytes with the request's index completes its receive (protocol.md, empty tensors). It
+ * lands in the peer's inbox, a region that is always there, and writes nothing. Like injected
+ * content it is done with at once, or (a fabric without inject) when it completes.
+ */
+static int post_empty(struct tfab_context *ctx, struct tfab_send *s)
+{
+	struct tfab_peer *peer = s->resp.peer;
+	bool inject = peer->path->caps->inject_size > 0;
+	int rc;
+
+	s->state = TFAB_SEND_WRITING;
+	rc = track(s);
+	if (rc)
+		return rc;
+	rc = tfab_conn_write_imm(peer->conn, peer->outbox, 0, peer->outbox_mr, peer->remote_raddr,
+				 peer->remote_rkey, s->resp.req_index,
+				 inject ? TFAB_WRITE_INJECT : 0, inject ? &peer->inject_w : &s->w);
+	if (rc)
+		return rc;
+	ctx->stats.writes_content++;
+	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld: no content, a zero-byte write for request %#x",
+		   s->key, (long long)s->step, s->resp.req_index);
+	if (inject) {
+		writes_settled(ctx, s);
+	} else {
+		s->in_flight = true;
+		peer->users++;
+	}
+	return 0;
+}
+
 /* Answer the request in s->resp. */
 static void answer(struct tfab_context *ctx, struct tfab_send *s)
 {
@@ -417,6 +453,18 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 	bool no_content = s->meta.is_dead || s->meta.nbytes == 0;
 	int rc;
 
+	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
+	    no_content && !s->gpu && ctx->cfg.empty_write) {
+		rc = post_empty(ctx, s);
+		if (rc == -EAGAIN) {
+			/* as META_DATA instead: it queues behind the credit window */
+			untrack(s);
+		} else {
+			if (rc)
+				answer_failed(ctx, s, rc, "the sender could not answer");
+			return;
+		}
+	}
 	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
 	    q->dest_capacity >= s->meta.nbytes && !no_content) {
 		s->state = TFAB_SEND_WRITING;

@@ -308,7 +308,7 @@ static bool msg_valid(const struct tfab_wire_msg *m)
 {
 	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_TAKEN)
 		return false;
-	if (m->flags & ~allowed_flags[m->type])
+	if (m->flags & ~allowed_flags[m->type] || m->credits > TFAB_WIRE_MAX_SLOTS)
 		return false;
 	if (has_meta(m) && !meta_valid(&m->meta))
 		return false;
@@ -366,7 +366,7 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	p = put_le(p, payload, 4);
 	p = put_le(p, m->seq, 4);
 	p = put_le(p, m->more, 2);
-	p = put_le(p, 0, 2);
+	p = put_le(p, m->credits, 2);
 	p = put_le(p, m->req_index, 4);
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
@@ -404,6 +404,11 @@ void tfab__wire_msg_set_more(void *msg, uint16_t more)
 	put_le((uint8_t *)msg + 12, more, 2);
 }
 
+void tfab__wire_msg_set_credits(void *msg, uint16_t credits)
+{
+	put_le((uint8_t *)msg + 14, credits, 2);
+}
+
 /* One message at slot (len bytes left there); its encoded length goes to *used_p. */
 static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, size_t *used_p)
 {
@@ -418,7 +423,8 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 	payload = (uint32_t)get_le(&r, 4);
 	out.seq = (uint32_t)get_le(&r, 4);
 	out.more = (uint16_t)get_le(&r, 2);
-	if (get_le(&r, 2) != 0 || r.bad || payload > r.left)
+	out.credits = (uint16_t)get_le(&r, 2);
+	if (r.bad || payload > r.left)
 		return -TFAB_ERR_PROTOCOL;
 	*used_p = TFAB_WIRE_MSG_HDR + payload;
 	/* From here on only the declared payload counts; the rest of the slot is stale. */
@@ -485,7 +491,8 @@ int tfab__wire_slot_next(struct tfab_wire_slot_reader *rd, struct tfab_wire_msg 
 	if (!rd->started) {
 		rd->started = true;
 		rd->seq = m->seq;
-	} else if (m->seq != rd->seq || m->more != rd->left - 1) {
+	} else if (m->seq != rd->seq || m->more != rd->left - 1 || m->credits) {
+		/* credits ride in the first message of a slot only */
 		return -TFAB_ERR_PROTOCOL;
 	}
 	rd->left = m->more;

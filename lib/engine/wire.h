@@ -138,7 +138,8 @@ struct tfab_wire_msg {
 	uint8_t type;
 	uint16_t flags;
 	uint32_t seq;
-	uint16_t more; /* messages after this one in its slot */
+	uint16_t more;	  /* messages after this one in its slot */
+	uint16_t credits; /* the first of a slot: credits returned with it */
 	uint32_t req_index;
 	/* TENSOR_REQUEST */
 	int64_t step_id;
@@ -180,8 +181,9 @@ static inline uint32_t tfab__wire_taken_at(const struct tfab_wire_msg *m, unsign
  * the same seq, and each says in `more` how many follow it.
  */
 int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap, size_t *len_p);
-/* Set `more` in the header of the encoded message at msg. */
+/* Set `more`, or `credits`, in the header of the encoded message at msg. */
 void tfab__wire_msg_set_more(void *msg, uint16_t more);
+void tfab__wire_msg_set_credits(void *msg, uint16_t credits);
 
 /* Decode the first message of a slot of len bytes (the header says how much is used). */
 int tfab__wire_msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m);

@@ -205,6 +205,18 @@ static const struct tfab_config_entry table[] = {
      "1 starts a progress thread per context; 0 leaves progress to tfab_progress() and blocking "
      "receives",
      FIELD(progress_thread), &parser_uint, 0, 1},
+    {"TFAB_CTRL_BATCH", "1",
+     "1 lets a control write carry several messages (those queued for credit, the TAKEN "
+     "indexes waiting) and the credits due; 0 writes each message alone and credits apart",
+     FIELD(ctrl_batch), &parser_uint, 0, 1},
+    {"TFAB_EMPTY_WRITE", "1",
+     "1 answers a request for an empty or dead tensor whose meta-data the receiver has cached "
+     "with a zero-byte write; 0 with a META_DATA message, as for a changed tensor",
+     FIELD(empty_write), &parser_uint, 0, 1},
+    {"TFAB_META_CACHE_ENTRIES", "65536",
+     "Keys whose meta-data a context keeps (all peers together) before the least recently used "
+     "go; a key that went costs its next receive a META_DATA round trip",
+     FIELD(meta_cache_entries), &parser_uint, 1, 1u << 26},
     {"TFAB_MR_CACHE_ENTRIES", "4096",
      "Registrations of caller buffers kept for reuse before the least recently used go",
      FIELD(mr_cache_entries), &parser_uint, 16, 1u << 24},

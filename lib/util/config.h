@@ -32,6 +32,9 @@ struct tfab_config {
 	unsigned verbs_cq_events;    /* TFAB_VERBS_CQ_EVENTS */
 	unsigned ring_slots;	     /* TFAB_RING_SLOTS */
 	unsigned progress_thread;    /* TFAB_PROGRESS_THREAD */
+	unsigned ctrl_batch;	     /* TFAB_CTRL_BATCH */
+	unsigned empty_write;	     /* TFAB_EMPTY_WRITE */
+	unsigned meta_cache_entries; /* TFAB_META_CACHE_ENTRIES */
 	unsigned mr_cache_entries;   /* TFAB_MR_CACHE_ENTRIES */
 	unsigned pool_cache;	     /* TFAB_POOL_CACHE */
 	unsigned cuda_chunk;	     /* TFAB_CUDA_CHUNK */

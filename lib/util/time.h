@@ -9,12 +9,17 @@
 #include <stdint.h>
 #include <time.h>
 
-static inline uint64_t tfab__now_ns(void)
+static inline uint64_t tfab__clock_ns(clockid_t id)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(id, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t tfab__now_ns(void)
+{
+	return tfab__clock_ns(CLOCK_MONOTONIC);
 }
 
 static inline uint64_t tfab__now_ms(void)
@@ -24,10 +29,7 @@ static inline uint64_t tfab__now_ms(void)
 
 static inline uint64_t tfab__coarse_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return tfab__clock_ns(CLOCK_MONOTONIC_COARSE);
 }
 
 static inline uint64_t tfab__coarse_ms(void)

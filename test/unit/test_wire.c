@@ -1360,6 +1360,7 @@ static void test_slot_reject(void **state)
 	    {2, 0, 0x01020304}, /* the first says two follow, the second none */
 	    {2, 2, 0x01020304}, /* a count that does not go down */
 	};
+	size_t n;
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -1368,6 +1369,20 @@ static void test_slot_reject(void **state)
 		assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
 		assert_int_equal(tfab__wire_slot_next(&rd, &m), -TFAB_ERR_PROTOCOL);
 	}
+	/* Credits in a message after the first. */
+	n = two_message_slot(slot, sizeof(slot), 1, 0, 0x01020304);
+	tfab__wire_msg_set_credits(slot + sizeof(request_bytes), 3);
+	tfab__wire_slot_start(&rd, slot, n);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), -TFAB_ERR_PROTOCOL);
+	/* ...but in the first they are the slot's. */
+	two_message_slot(slot, sizeof(slot), 1, 0, 0x01020304);
+	tfab__wire_msg_set_credits(slot, 3);
+	tfab__wire_slot_start(&rd, slot, n);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(m.credits, 3);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 1);
+	assert_int_equal(tfab__wire_slot_next(&rd, &m), 0);
 	/* The first says one follows, and the rest of the slot is zeros. */
 	two_message_slot(slot, sizeof(slot), 1, 0, 0x01020304);
 	memset(slot + sizeof(request_bytes), 0, sizeof(taken_bytes));
@@ -1420,6 +1435,7 @@ static void test_largest_fits_min_slot(void **state)
 static void test_reject_header(void **state)
 {
 	uint8_t buf[64];
+	struct tfab_wire_msg m;
 	struct raw r;
 
 	(void)state;
@@ -1447,12 +1463,15 @@ static void test_reject_header(void **state)
 	expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
 	patch_le(buf + 4, 0x80000004u, 4);
 	expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
-	/* Reserved (bytes 12 and 13 are `more`: see test_slot_*). */
-	for (size_t i = 14; i < 16; i++) {
-		memcpy(buf, cancel_bytes, sizeof(cancel_bytes));
-		buf[i] = 0x80;
-		expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
-	}
+	/* Credits (bytes 14 and 15): at most the largest ring; `more` (12, 13): test_slot_*. */
+	memcpy(buf, cancel_bytes, sizeof(cancel_bytes));
+	patch_le(buf + 14, TFAB_WIRE_MAX_SLOTS, 2);
+	assert_int_equal(decode_exact(buf, sizeof(cancel_bytes), &m), 0);
+	assert_int_equal(m.credits, TFAB_WIRE_MAX_SLOTS);
+	patch_le(buf + 14, TFAB_WIRE_MAX_SLOTS + 1, 2);
+	expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
+	patch_le(buf + 14, 0xffff, 2);
+	expect_msg_reject(buf, sizeof(cancel_bytes), -TFAB_ERR_PROTOCOL);
 	/* Unknown flags, and flags of another type. */
 	for (unsigned bit = 0; bit < 16; bit++) {
 		uint16_t f = (uint16_t)(1u << bit);
