@@ -2,22 +2,26 @@
 # tensor-vs-raw.sh: runs `tfab-perf all` (memcpy, raw, then tensor, in one run) REPS times per
 # provider and prints, per size, the median tensor/raw bandwidth ratio, the median ratio of
 # tensor latency to raw one-way latency, copies (must be 0), and the median bandwidth of
-# memcpy in the same runs with raw's and tensor's fractions of it (the same-host bound).
+# memcpy in the same runs with raw's and tensor's fractions of it (the same-host bound), the
+# fabric writes per tensor fetch, and the bandwidth ratio of every run (issue 11 asks for it
+# in each run, not only the median).
 #
-# usage: tools/bench/tensor-vs-raw.sh [BUILD_DIR] [SIZES] [REPS]   (PROVIDERS="shm tcp")
+# usage: tools/bench/tensor-vs-raw.sh [BUILD_DIR] [SIZES] [REPS]   (PROVIDERS="shm ofi:tcp")
+# PROVIDERS holds TFAB_PROVIDER values: shm is the native backend, ofi:NAME libfabric's NAME.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 sizes=${2:-8,1M,64M}
 reps=${3:-5}
-providers=${PROVIDERS:-shm tcp}
+providers=${PROVIDERS:-shm ofi:tcp}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for p in $providers; do
 	for r in $(seq 1 "$reps"); do
-		cmd="FI_PROVIDER=$p $build/tools/tfab-perf all -p ofi:$p -s $sizes --json"
-		[ "$r" = 1 ] && echo "run: $cmd" >&2
-		if ! env FI_PROVIDER="$p" "$build/tools/tfab-perf" all -p "ofi:$p" -s "$sizes" \
+		fi=()
+		[[ $p == ofi:* ]] && fi=(FI_PROVIDER="${p#ofi:}")
+		[ "$r" = 1 ] && echo "run: ${fi[*]} $build/tools/tfab-perf all -p $p -s $sizes --json" >&2
+		if ! env "${fi[@]}" "$build/tools/tfab-perf" all -p "$p" -s "$sizes" \
 			--json | sed "s/^/$p $r /" >>"$out"; then
 			echo "tensor-vs-raw: a run failed ($p, run $r)" >&2
 			exit 1
@@ -40,10 +44,12 @@ for (prov, size, rep), t in runs.items():
             (n["gbps"] / r["gbps"] if r["gbps"] else 0, n["lat_us"] / r["lat_us"],
              n["copies"], r["gbps"] / 8, n["gbps"] / 8, r["lat_us"], n["lat_us"],
              m / 8 if m is not None else None,
-             r["gbps"] / m if m else None, n["gbps"] / m if m else None))
+             r["gbps"] / m if m else None, n["gbps"] / m if m else None,
+             n.get("writes_per_fetch")))
 print(f"{'provider':8} {'bytes':>10} {'raw GB/s':>9} {'tensor GB/s':>11} {'bw ratio':>9} "
       f"{'raw lat':>9} {'tensor lat':>10} {'lat ratio':>9} {'copies':>6} "
-      f"{'memcpy GB/s':>11} {'raw/memcpy':>10} {'tensor/memcpy':>13}  per-run bw ratios")
+      f"{'memcpy GB/s':>11} {'raw/memcpy':>10} {'tensor/memcpy':>13} {'writes/fetch':>12}"
+      f"  per-run bw ratios")
 for (prov, size), v in sorted(rows.items()):
     def med(i):
         xs = [x[i] for x in v if x[i] is not None]
@@ -51,6 +57,6 @@ for (prov, size), v in sorted(rows.items()):
     opt = lambda i, w, f: format(med(i), f).rjust(w) if med(i) is not None else "-".rjust(w)
     print(f"{prov:8} {size:>10} {med(3):9.3f} {med(4):11.3f} {med(0):9.2f} {med(5):9.2f} "
           f"{med(6):10.2f} {med(1):9.2f} {max(x[2] for x in v):6} "
-          f"{opt(7, 11, '.3f')} {opt(8, 10, '.3f')} {opt(9, 13, '.3f')}  "
+          f"{opt(7, 11, '.3f')} {opt(8, 10, '.3f')} {opt(9, 13, '.3f')} {opt(10, 12, '.2f')}  "
           + " ".join(f"{x[0]:.2f}" for x in v))
 PY
