@@ -228,6 +228,12 @@ int mp_barrier(struct mp *mp, int64_t tag)
 	}
 	rc = posted == 2 * want && !b->failed ? 0 : 1;
 	free(b);
+	/*
+	 * The progress call that completed the last receive held its TAKEN for the next write or
+	 * call (protocol.md, TAKEN): it goes now, so that the peers' sends are confirmed even if
+	 * what this rank does next breaks the connection on purpose.
+	 */
+	tfab_progress(mp->ctx);
 	return rc;
 }
 

@@ -312,8 +312,6 @@ static int sc_empty_cached(struct mp *mp)
 	CHECK(mp_barrier(mp, 31) == 0);
 	if (mp->rank == 1) {
 		/* Between the two counts, this side writes only the answers. */
-		/* the TAKEN for the barrier's receive, which its progress call held, goes now */
-		tfab_progress(mp->ctx);
 		CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 		d.n = 0;
 		for (int step = 2; step <= 5; step++) {
@@ -924,11 +922,6 @@ static int sc_cleanup_fails_peer(struct mp *mp)
 		tfab__ctx_unlock(mp->ctx);
 	}
 	CHECK(mp->rank == 0 || parked == 4);
-	/*
-	 * The TAKEN for the barrier's last receive may be held for the next write or progress
-	 * call (protocol.md, TAKEN): it goes now, before control messages start failing.
-	 */
-	tfab_progress(mp->ctx);
 	fault_ops_install(mp->ctx);
 	fault_ops_set(mp->ctx, &ctrl_fails, 1);
 	CHECK_RC(tfab_step_cleanup(mp->ctx, 21), 0);
