@@ -190,6 +190,7 @@ struct tfab_stats {
 	uint64_t writes_ctrl;	 /* control slots, each with one or more messages */
 	uint64_t writes_credit;	 /* credit returns */
 	uint64_t meta_evictions; /* meta-data cache entries dropped for TFAB_META_CACHE_ENTRIES */
+	uint64_t bytes_ctrl;	 /* bytes of the control writes (writes_ctrl) */
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

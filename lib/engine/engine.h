@@ -53,6 +53,7 @@ struct tfab_meta_entry {
 	struct tfab_list lru;	/* ctx->meta_lru: the least recently used first */
 	struct tfab_peer *peer;
 	struct tfab_wire_meta meta;
+	uint32_t key_index; /* the name we announced to the peer for it, or 0 (key_index.c) */
 	uint16_t key_len;
 	char key[];
 };
@@ -116,6 +117,14 @@ struct tfab_peer {
 	uint32_t *taken;
 	uint32_t ntaken, taken_cap;
 	uint64_t taken_gen;
+	/*
+	 * Key indexes (key_index.c): the last we announced, ours retired and not yet told, and
+	 * the names the peer announced (struct tfab_key_name by index).
+	 */
+	uint32_t next_key_index;
+	uint32_t *retired;
+	uint32_t nretired, retired_cap;
+	struct tfab_htable key_names;
 	unsigned users;		   /* in-flight writes to this peer not yet completed */
 	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
 	struct tfab_wctx inject_w; /* TFAB_WCTX_INJECTED: of content written by inject */
@@ -345,6 +354,24 @@ struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char 
 					     uint16_t key_len);
 int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_len,
 			  const struct tfab_wire_meta *meta);
+
+/* key_index.c */
+/*
+ * The most names one peer may have announced and not retired: the largest meta-data cache
+ * (TFAB_META_CACHE_ENTRIES) and one RETIRE message's worth not yet sent.
+ */
+#define TFAB_MAX_KEY_NAMES ((1u << 26) + TFAB_WIRE_MAX_TAKEN)
+/* A request of ours for e's key (e: its meta-data entry, or NULL): its index, or its name and
+ * a new index, when TFAB_KEY_INDEX is on. */
+void tfab__key_index_request(struct tfab_peer *peer, struct tfab_meta_entry *e,
+			     struct tfab_wire_msg *m);
+/* e leaves the cache: its index is retired (told in full RETIRE messages). */
+void tfab__key_index_drop(struct tfab_peer *peer, struct tfab_meta_entry *e);
+void tfab__key_index_flush(struct tfab_peer *peer);
+/* A request in: learn the name it announces, or find the one its index names (m->key). */
+int tfab__key_index_resolve(struct tfab_peer *peer, struct tfab_wire_msg *m);
+void tfab__key_index_on_retire(struct tfab_peer *peer, const struct tfab_wire_msg *m);
+void tfab__key_index_free(struct tfab_peer *peer);
 
 /* recv.c */
 /* What a receive is: a DLPack one (into dest, or the pool) with cb, or a string tensor's. */

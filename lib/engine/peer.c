@@ -129,6 +129,7 @@ void tfab__peer_free(struct tfab_peer *peer)
 		tfab__htable_fini(&peer->meta);
 	}
 	tfab__htable_fini(&peer->answers); /* its entries belong to sends and parked requests */
+	tfab__key_index_free(peer);
 	free(peer->taken);
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
@@ -163,6 +164,8 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 	rc = tfab__htable_init(&peer->meta, 64);
 	if (rc == 0)
 		rc = tfab__htable_init(&peer->answers, 64);
+	if (rc == 0)
+		rc = tfab__htable_init(&peer->key_names, 64);
 	if (rc)
 		goto err;
 	rc = peer_rings_alloc(peer, r * SLOT_SIZE);
@@ -632,6 +635,7 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len, unsigned 
 	peer->rx_unreturned -= credits;
 	ctx->stats.ctrl_messages += nmsgs;
 	ctx->stats.writes_ctrl++;
+	ctx->stats.bytes_ctrl += len;
 	return 0;
 }
 
@@ -764,6 +768,8 @@ void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 	{
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
 
+		if (peer->nretired >= TFAB_WIRE_MAX_TAKEN)
+			tfab__key_index_flush(peer);
 		peer_flush(peer);
 		if (peer->ntaken && peer->connected &&
 		    !(hold_new && peer->taken_gen == ctx->progress_gen))
@@ -791,8 +797,15 @@ static void protocol_error(struct tfab_peer *peer, const char *what)
 static void on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
 	switch (m->type) {
-	case TFAB_MSG_TENSOR_REQUEST:
-		tfab__send_on_request(peer, m);
+	case TFAB_MSG_TENSOR_REQUEST: {
+		struct tfab_wire_msg named = *m;
+
+		if (tfab__key_index_resolve(peer, &named) == 0)
+			tfab__send_on_request(peer, &named);
+		break;
+	}
+	case TFAB_MSG_RETIRE:
+		tfab__key_index_on_retire(peer, m);
 		break;
 	case TFAB_MSG_CANCEL:
 		tfab__send_on_cancel(peer, m->req_index);
@@ -1020,6 +1033,7 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 	if (!e)
 		return -ENOMEM;
 	e->meta = *meta;
+	e->key_index = 0;
 	e->key_len = key_len;
 	e->peer = peer;
 	memcpy(e->key, key, key_len);
@@ -1036,6 +1050,7 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 
 		tfab__htable_remove(&old->peer->meta, &old->node);
 		tfab__list_del(&old->lru);
+		tfab__key_index_drop(old->peer, old);
 		ctx->meta_count--;
 		ctx->stats.meta_evictions++;
 		free(old);

@@ -259,8 +259,11 @@ static int dest_prepare(struct tfab_request *r)
 	return 0;
 }
 
-static int request_send(struct tfab_request *r, bool rerequest)
+/* e: the key's meta-data entry, or NULL (then the request names the key in full). */
+static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta_entry *e)
 {
+	int rc;
+
 	struct tfab_wire_msg m = {
 	    .type = TFAB_MSG_TENSOR_REQUEST,
 	    .req_index = r->index,
@@ -283,7 +286,11 @@ static int request_send(struct tfab_request *r, bool rerequest)
 		m.dest_rkey = r->dest_mr->rkey;
 		m.dest_capacity = r->dest_cap;
 	}
-	return tfab__peer_send_msg(r->peer, &m);
+	tfab__key_index_request(r->peer, e, &m);
+	rc = tfab__peer_send_msg(r->peer, &m);
+	if (rc && m.key_len && (m.flags & TFAB_MSGF_KEY_INDEX))
+		e->key_index = 0; /* not announced after all */
+	return rc;
 }
 
 /*
@@ -430,7 +437,7 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		return;
 	}
 	if (rc == 0)
-		rc = request_send(r, true);
+		rc = request_send(r, true, tfab__peer_meta_find(peer, r->key, r->key_len));
 	if (rc)
 		tfab__request_fail(r, rc, true);
 }
@@ -515,7 +522,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	}
 	rc = r->meta_valid ? dest_prepare(r) : 0;
 	if (rc == 0)
-		rc = request_send(r, false);
+		rc = request_send(r, false, e);
 	if (rc) {
 		dest_release(r, false);
 		index_free(ctx, r);

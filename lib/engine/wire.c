@@ -22,11 +22,12 @@
 #define TAKEN_FIXED 6
 
 static const uint16_t allowed_flags[] = {
-    [TFAB_MSG_TENSOR_REQUEST] = TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST,
+    [TFAB_MSG_TENSOR_REQUEST] = TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST | TFAB_MSGF_KEY_INDEX,
     [TFAB_MSG_META_DATA] = TFAB_MSGF_COMPLETE,
     [TFAB_MSG_ERROR] = 0,
     [TFAB_MSG_CANCEL] = 0,
     [TFAB_MSG_TAKEN] = 0,
+    [TFAB_MSG_RETIRE] = 0,
 };
 
 /* Writing: the caller has checked the room, so the cursor only advances. */
@@ -306,7 +307,7 @@ static bool has_meta(const struct tfab_wire_msg *m)
 /* The rules both sides apply; pointers are checked by the encoder only. */
 static bool msg_valid(const struct tfab_wire_msg *m)
 {
-	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_TAKEN)
+	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_RETIRE)
 		return false;
 	if (m->flags & ~allowed_flags[m->type] || m->credits > TFAB_WIRE_MAX_SLOTS)
 		return false;
@@ -314,10 +315,13 @@ static bool msg_valid(const struct tfab_wire_msg *m)
 		return false;
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
-		return m->key_len >= 1 && m->key_len <= TFAB_MAX_KEY;
+		/* A key, or (KEY_INDEX) none: then the index alone names it. */
+		return (m->key_len >= 1 && m->key_len <= TFAB_MAX_KEY) ||
+		       (m->key_len == 0 && (m->flags & TFAB_MSGF_KEY_INDEX));
 	case TFAB_MSG_ERROR:
 		return m->status < 0 && m->errmsg_len <= TFAB_WIRE_MAX_ERRMSG;
 	case TFAB_MSG_TAKEN:
+	case TFAB_MSG_RETIRE:
 		return m->ntaken >= 1 && m->ntaken <= TFAB_WIRE_MAX_TAKEN;
 	default:
 		return true;
@@ -330,12 +334,14 @@ static size_t msg_payload(const struct tfab_wire_msg *m)
 
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
-		return REQ_FIXED + (size_t)m->key_len + n;
+		return REQ_FIXED + (size_t)m->key_len + n +
+		       ((m->flags & TFAB_MSGF_KEY_INDEX) ? 4 : 0);
 	case TFAB_MSG_META_DATA:
 		return 4 + n;
 	case TFAB_MSG_ERROR:
 		return ERR_FIXED + (size_t)m->errmsg_len;
 	case TFAB_MSG_TAKEN:
+	case TFAB_MSG_RETIRE:
 		return TAKEN_FIXED + 4 * (size_t)(m->ntaken - 1);
 	default:
 		return 4;
@@ -349,11 +355,12 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 
 	if (!msg_valid(m))
 		return -EINVAL;
-	if (m->type == TFAB_MSG_TENSOR_REQUEST && !m->key)
+	if (m->type == TFAB_MSG_TENSOR_REQUEST && m->key_len && !m->key)
 		return -EINVAL;
 	if (m->type == TFAB_MSG_ERROR && m->errmsg_len && !m->errmsg)
 		return -EINVAL;
-	if (m->type == TFAB_MSG_TAKEN && m->ntaken > 1 && !m->taken && !m->taken_le)
+	if ((m->type == TFAB_MSG_TAKEN || m->type == TFAB_MSG_RETIRE) && m->ntaken > 1 &&
+	    !m->taken && !m->taken_le)
 		return -EINVAL;
 	payload = msg_payload(m);
 	need = TFAB_WIRE_MSG_HDR + payload;
@@ -376,6 +383,8 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 		p = put_le(p, m->dest_capacity, 8);
 		p = put_le(p, m->key_len, 2);
 		p = put_bytes(p, m->key, m->key_len);
+		if (m->flags & TFAB_MSGF_KEY_INDEX)
+			p = put_le(p, m->key_index, 4);
 		if (m->flags & TFAB_MSGF_META_VALID)
 			put_meta(p, &m->meta);
 		break;
@@ -388,6 +397,7 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 		put_bytes(p, m->errmsg, m->errmsg_len);
 		break;
 	case TFAB_MSG_TAKEN:
+	case TFAB_MSG_RETIRE:
 		p = put_le(p, m->ntaken - 1u, 2);
 		for (unsigned i = 1; i < m->ntaken; i++)
 			p = put_le(p, tfab__wire_taken_at(m, i), 4);
@@ -438,7 +448,9 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 		out.dest_rkey = get_le(&r, 8);
 		out.dest_capacity = get_le(&r, 8);
 		out.key_len = (uint16_t)get_le(&r, 2);
-		out.key = get_bytes(&r, out.key_len);
+		out.key = out.key_len ? get_bytes(&r, out.key_len) : NULL;
+		if (out.flags & TFAB_MSGF_KEY_INDEX)
+			out.key_index = (uint32_t)get_le(&r, 4);
 		if (out.flags & TFAB_MSGF_META_VALID)
 			get_meta(&r, &out.meta);
 		break;
@@ -452,7 +464,8 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 		break;
 	case TFAB_MSG_CANCEL:
 		break;
-	case TFAB_MSG_TAKEN: {
+	case TFAB_MSG_TAKEN:
+	case TFAB_MSG_RETIRE: {
 		size_t more = (size_t)get_le(&r, 2);
 
 		if (more >= TFAB_WIRE_MAX_TAKEN)

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TFAB_WIRE_VERSION 3
+#define TFAB_WIRE_VERSION 4
 #define TFAB_WIRE_MAGIC 0x42414654u
 #define TFAB_WIRE_BLOB_HDR 24
 #define TFAB_WIRE_PATH_HDR 20 /* each path entry, before its name and address */
@@ -105,6 +105,7 @@ enum tfab_wire_type {
 	TFAB_MSG_ERROR = 3,
 	TFAB_MSG_CANCEL = 4,
 	TFAB_MSG_TAKEN = 5,
+	TFAB_MSG_RETIRE = 6, /* key indexes the receiver gave up (protocol.md, "Key indexes") */
 };
 
 /* Request indexes one TAKEN message carries: its req_index and up to 250 more. */
@@ -114,6 +115,7 @@ enum {
 	TFAB_MSGF_META_VALID = 1,
 	TFAB_MSGF_REREQUEST = 2,
 	TFAB_MSGF_COMPLETE = 4,
+	TFAB_MSGF_KEY_INDEX = 8, /* TENSOR_REQUEST: key_index follows the key (or replaces it) */
 };
 
 /*
@@ -146,6 +148,11 @@ struct tfab_wire_msg {
 	uint64_t dest_raddr, dest_rkey, dest_capacity;
 	uint16_t key_len;
 	const uint8_t *key;
+	/*
+	 * With KEY_INDEX: a key (key_len > 0) announces key_index as its name from now on; no
+	 * key (key_len 0) names it by key_index alone.
+	 */
+	uint32_t key_index;
 	/* TENSOR_REQUEST (with META_VALID) and META_DATA */
 	struct tfab_wire_meta meta;
 	/* ERROR */
@@ -153,7 +160,7 @@ struct tfab_wire_msg {
 	uint16_t errmsg_len;
 	const char *errmsg;
 	/*
-	 * TAKEN: ntaken request indexes in all, req_index the first. The others come from
+	 * TAKEN: ntaken request indexes in all (RETIRE: key indexes, the same way), req_index the first. The others come from
 	 * taken (encode) or lie little-endian at taken_le (decode); tfab__wire_taken_at reads
 	 * either.
 	 */

@@ -211,6 +211,10 @@ static const struct tfab_config_entry table[] = {
      "(the default: with 1, strings_threads on libfabric sockets stalled 1 run in 8 under "
      "ASan, not yet understood)",
      FIELD(ctrl_batch), &parser_uint, 0, 1},
+    {"TFAB_KEY_INDEX", "1",
+     "1 names a key whose meta-data the receiver caches by a 32-bit index in its requests after "
+     "the first (the key travels once); 0 sends the whole key in every request",
+     FIELD(key_index), &parser_uint, 0, 1},
     {"TFAB_EMPTY_WRITE", "1",
      "1 answers a request for an empty or dead tensor whose meta-data the receiver has cached "
      "with a zero-byte write; 0 with a META_DATA message, as for a changed tensor",

@@ -270,6 +270,160 @@ static int sc_meta_change(struct mp *mp)
 	return 0;
 }
 
+/* Whether TFAB_KEY_INDEX is on (the default). */
+static bool key_index_on(void)
+{
+	const char *env = getenv("TFAB_KEY_INDEX");
+
+	return !env || strcmp(env, "0") != 0;
+}
+
+/*
+ * Keys as indexes: KEYS keys of about 300 bytes for STEPS steps, receives posted before the
+ * sends on even steps and after them on odd ones, key 0 changing shape at step 6 and a step
+ * cleanup after step 4; every tensor checked. After the first two steps (the first learns
+ * the meta-data, the second announces the indexes) a request names its key by index: the
+ * receiver's control bytes per fetch stay below the key's length, where with TFAB_KEY_INDEX=0
+ * every request carries the whole key.
+ */
+static int sc_key_index(struct mp *mp)
+{
+	enum { KEYS = 6, STEPS = 12 };
+	static const int64_t small[1] = {16}, big[1] = {48};
+	char keys[KEYS][320];
+	struct tfab_stats st0 = {0}, st;
+	size_t key_len = 0;
+
+	for (int k = 0; k < KEYS; k++) {
+		memset(keys[k], 'k', 300);
+		snprintf(keys[k] + 300, 20, "/%d", k);
+		key_len = strlen(keys[k]);
+	}
+	for (int step = 1; step <= STEPS; step++) {
+		struct tensor t[KEYS];
+		struct done s = {0}, r[KEYS] = {{0}};
+		bool recv_first = step % 2 == 0;
+
+		if (step == 3)
+			CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+		if (mp->rank == 0 && recv_first)
+			for (int k = 0; k < KEYS; k++)
+				CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], keys[k], step, NULL,
+						   on_recv, &r[k]),
+					 0);
+		CHECK(mp_barrier(mp, 100 + step) == 0);
+		if (mp->rank == 1) {
+			for (int k = 0; k < KEYS; k++) {
+				tensor_make(&t[k], f32, 1, k == 0 && step >= 6 ? big : small);
+				tensor_fill(&t[k], (uint64_t)(step * 10 + k));
+				CHECK_RC(
+				    tfab_send(mp->ctx, keys[k], step, &t[k].dl, false, on_sent, &s),
+				    0);
+			}
+			CHECK(wait_n(mp, &s, KEYS));
+			CHECK(s.errors == 0);
+			for (int k = 0; k < KEYS; k++)
+				tensor_free(&t[k]);
+		} else {
+			if (!recv_first)
+				for (int k = 0; k < KEYS; k++)
+					CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], keys[k], step,
+							   NULL, on_recv, &r[k]),
+						 0);
+			for (int k = 0; k < KEYS; k++) {
+				DLManagedTensor *m;
+				int64_t n = k == 0 && step >= 6 ? big[0] : small[0];
+
+				CHECK(wait_n(mp, &r[k], 1));
+				CHECK(r[k].errors == 0 && r[k].tensor);
+				m = r[k].tensor;
+				CHECK(m->dl_tensor.shape[0] == n);
+				CHECK(bytes_match(m->dl_tensor.data, (size_t)n * 4,
+						  (uint64_t)(step * 10 + k)));
+				m->deleter(m);
+			}
+		}
+		if (step == 4)
+			CHECK_RC(tfab_step_cleanup(mp->ctx, 4), 0);
+	}
+	CHECK(mp_barrier(mp, 200) == 0);
+	if (mp->rank == 0) {
+		double per_fetch;
+
+		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+		per_fetch = (double)(st.bytes_ctrl - st0.bytes_ctrl) / (KEYS * (STEPS - 2));
+		printf("key_index: keys of %zu bytes: %.1f control bytes per fetch (TFAB_KEY_INDEX "
+		       "%s)\n",
+		       key_len, per_fetch, key_index_on() ? "on" : "off");
+		if (key_index_on())
+			CHECK(per_fetch < (double)key_len);
+		else
+			CHECK(per_fetch > (double)key_len);
+	}
+	return 0;
+}
+
+/*
+ * Key indexes retired: KEYS keys, each fetched twice in a row (the second request announces
+ * its index), in two rounds. With the meta-data cache bounded (TFAB_META_CACHE_ENTRIES, 256
+ * in engine-shm-meta-bounded), the entries of a round's first keys are gone by its end, their
+ * indexes retired (RETIRE messages); the second round names them in full again and announces
+ * new indexes. Every tensor checked; the sender never holds more names than the receiver's
+ * cache and one RETIRE message.
+ */
+static int sc_key_index_evict(struct mp *mp)
+{
+	enum { KEYS = 700, ROUNDS = 2, FETCHES = KEYS * ROUNDS * 2 };
+	static const int64_t shape[1] = {16};
+	const char *cap_env = getenv("TFAB_META_CACHE_ENTRIES");
+	unsigned cap = cap_env ? (unsigned)atoi(cap_env) : 0;
+	struct tfab_stats st0, st;
+	char key[32];
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+	if (mp->rank == 1) {
+		struct tensor *t = calloc(FETCHES, sizeof(*t));
+		struct done s = {0};
+		size_t names;
+
+		CHECK(t != NULL);
+		for (int i = 0; i < FETCHES; i++) {
+			int k = (i / 2) % KEYS, step = i % 2 + 1 + 2 * (i / (2 * KEYS));
+
+			snprintf(key, sizeof(key), "evict/%d", k);
+			tensor_make(&t[i], f32, 1, shape);
+			tensor_fill(&t[i], (uint64_t)(k + step) & 0xff);
+			CHECK_RC(tfab_send(mp->ctx, key, step, &t[i].dl, false, on_sent, &s), 0);
+		}
+		CHECK(wait_n(mp, &s, FETCHES));
+		CHECK(s.errors == 0);
+		for (int i = 0; i < FETCHES; i++)
+			tensor_free(&t[i]);
+		free(t);
+		tfab__ctx_lock(mp->ctx);
+		names = mp->peers[0]->key_names.count;
+		tfab__ctx_unlock(mp->ctx);
+		printf("key_index_evict: the sender holds %zu key names\n", names);
+		if (cap && key_index_on())
+			CHECK(names <= cap + TFAB_WIRE_MAX_TAKEN);
+		return 0;
+	}
+	for (int i = 0; i < FETCHES; i++) {
+		int k = (i / 2) % KEYS, step = i % 2 + 1 + 2 * (i / (2 * KEYS));
+		DLManagedTensor *m = NULL;
+
+		snprintf(key, sizeof(key), "evict/%d", k);
+		CHECK_RC(recv_one(mp, 1, key, step, &m, NULL), 0);
+		CHECK(m && m->dl_tensor.shape[0] == shape[0]);
+		CHECK(bytes_match(m->dl_tensor.data, 64, (uint64_t)(k + step) & 0xff));
+		m->deleter(m);
+	}
+	CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+	if (cap && cap < KEYS)
+		CHECK(st.meta_evictions - st0.meta_evictions >= KEYS - cap);
+	return 0;
+}
+
 /*
  * Empty and dead tensors whose meta-data the receiver has cached, receives posted before the
  * sends (steps 2, 3) and after (4, 5): each arrives with its shape and is_dead. The sender
@@ -2002,7 +2156,8 @@ static int inject_raw(struct mp *mp, struct tfab_peer *peer, const uint8_t *byte
 
 /*
  * Malformed control messages (a bad header, an unknown type, a truncated request, an
- * out-of-window sequence): the receiving side fails that peer with TFAB_ERR_PROTOCOL, its
+ * out-of-window sequence), and well-formed ones that lie (a request by a key index never
+ * announced, the RETIRE of one): the receiving side fails that peer with TFAB_ERR_PROTOCOL, its
  * operations with that peer fail, and it keeps working with its other peer.
  */
 static int malformed(struct mp *mp, int k)
@@ -2017,9 +2172,36 @@ static int malformed(struct mp *mp, int k)
 	struct done d = {0};
 
 	/* rank 1 sends one bad message to rank 0, once per run of this scenario */
-	if (mp->rank == 1) {
+	if (mp->rank == 1 && k >= 4) {
+		/*
+		 * Well formed, in its place in the sequence, and lying: a request naming a key
+		 * index that rank 0 never announced (k 4), a RETIRE of one (k 5).
+		 */
+		struct tfab_peer *peer = mp->peers[0];
+		struct tfab_wire_msg m = {.type = TFAB_MSG_TENSOR_REQUEST,
+					  .flags = TFAB_MSGF_KEY_INDEX,
+					  .req_index = 7,
+					  .step_id = 1,
+					  .key_index = 4242};
+		uint8_t buf[128];
+		size_t len = 0;
+		uint32_t slot;
+
+		if (k == 5)
+			m = (struct tfab_wire_msg){
+			    .type = TFAB_MSG_RETIRE, .req_index = 4242, .ntaken = 1};
+		CHECK(mp_barrier(mp, 90) == 0);
+		tfab__ctx_lock(mp->ctx);
+		m.seq = peer->tx_seq++;
+		slot = m.seq % peer->remote_slots;
+		tfab__ctx_unlock(mp->ctx);
+		CHECK_RC(tfab__wire_msg_encode(&m, buf, sizeof(buf), &len), 0);
+		CHECK_RC(inject_raw(mp, peer, buf, len, slot), 0);
+	} else if (mp->rank == 1) {
 		CHECK(mp_barrier(mp, 90) == 0);
 		CHECK_RC(inject_raw(mp, mp->peers[0], garbage[k & 3], 16, 0), 0);
+	}
+	if (mp->rank == 1) {
 		/*
 		 * Stay until rank 0 has dealt with it and gone: this receive then fails (or is
 		 * refused at once, if rank 0 was already gone).
@@ -2084,6 +2266,16 @@ static int sc_malformed_truncated(struct mp *mp)
 static int sc_malformed_sequence(struct mp *mp)
 {
 	return malformed(mp, 3);
+}
+
+static int sc_forged_key_index(struct mp *mp)
+{
+	return malformed(mp, 4);
+}
+
+static int sc_forged_retire(struct mp *mp)
+{
+	return malformed(mp, 5);
 }
 
 /*
@@ -2494,6 +2686,8 @@ static const struct mp_scenario scenarios[] = {
     {.name = "recv_then_send", .nranks = 2, .fn = sc_recv_then_send},
     {.name = "caller_dest", .nranks = 2, .fn = sc_caller_dest},
     {.name = "meta_change", .nranks = 2, .fn = sc_meta_change},
+    {.name = "key_index", .nranks = 2, .fn = sc_key_index},
+    {.name = "key_index_evict", .nranks = 2, .fn = sc_key_index_evict},
     {.name = "empty_cached", .nranks = 2, .fn = sc_empty_cached},
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
@@ -2533,6 +2727,8 @@ static const struct mp_scenario scenarios[] = {
     {.name = "bad_input", .nranks = 2, .fn = sc_bad_input},
     {.name = "malformed_version", .nranks = 3, .fn = sc_malformed_version, .no_barrier = true},
     {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},
+    {.name = "forged_key_index", .nranks = 3, .fn = sc_forged_key_index, .no_barrier = true},
+    {.name = "forged_retire", .nranks = 3, .fn = sc_forged_retire, .no_barrier = true},
     {.name = "malformed_truncated", .nranks = 3, .fn = sc_malformed_truncated, .no_barrier = true},
     {.name = "malformed_sequence", .nranks = 3, .fn = sc_malformed_sequence, .no_barrier = true},
     {.name = "mr_invalidate", .nranks = 2, .fn = sc_mr_invalidate},

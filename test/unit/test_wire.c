@@ -157,7 +157,10 @@ static void assert_msg_equal(const struct tfab_wire_msg *a, const struct tfab_wi
 		assert_true(a->dest_rkey == b->dest_rkey);
 		assert_true(a->dest_capacity == b->dest_capacity);
 		assert_int_equal(a->key_len, b->key_len);
-		assert_memory_equal(a->key, b->key, a->key_len);
+		if (a->key_len)
+			assert_memory_equal(a->key, b->key, a->key_len);
+		if (a->flags & TFAB_MSGF_KEY_INDEX)
+			assert_int_equal(a->key_index, b->key_index);
 	}
 	if (has_meta(a)) {
 		assert_true(tfab__wire_meta_equal(&a->meta, &b->meta));
@@ -169,7 +172,7 @@ static void assert_msg_equal(const struct tfab_wire_msg *a, const struct tfab_wi
 		if (a->errmsg_len)
 			assert_memory_equal(a->errmsg, b->errmsg, a->errmsg_len);
 	}
-	if (a->type == TFAB_MSG_TAKEN) {
+	if (a->type == TFAB_MSG_TAKEN || a->type == TFAB_MSG_RETIRE) {
 		assert_int_equal(a->ntaken, b->ntaken);
 		for (unsigned i = 0; i < a->ntaken; i++)
 			assert_int_equal(tfab__wire_taken_at(a, i), tfab__wire_taken_at(b, i));
@@ -194,7 +197,7 @@ static size_t msg_round_trip(const struct tfab_wire_msg *m, size_t expect_len)
 	assert_int_equal(tfab__wire_msg_decode(p, len, &d), 0);
 	assert_msg_equal(m, &d);
 	/* Pointers point into the slot. */
-	if (m->type == TFAB_MSG_TENSOR_REQUEST)
+	if (m->type == TFAB_MSG_TENSOR_REQUEST && m->key_len)
 		assert_true(d.key > p && d.key + d.key_len <= p + len);
 	if (m->type == TFAB_MSG_ERROR)
 		assert_true((const uint8_t *)d.errmsg >= p &&
@@ -305,7 +308,7 @@ enum {
 static const uint8_t blob_bytes[] = {
     /* header */
     0x54, 0x46, 0x41, 0x42,	  /* magic "TFAB" */
-    0x03, 0x00,			  /* version */
+    0x04, 0x00,			  /* version */
     0x02, 0x00,			  /* npaths */
     0x40, 0x00, 0x00, 0x00,	  /* ring_slots 64 */
     0x00, 0x04, 0x00, 0x00,	  /* slot_size 1024 */
@@ -660,7 +663,8 @@ static void test_blob_reject_header(void **state)
 	blob_reject_patched(B_VERSION, 0, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 1, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 2, 2, -TFAB_ERR_VERSION); /* one slot, one message */
-	blob_reject_patched(B_VERSION, 4, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 3, 2, -TFAB_ERR_VERSION); /* no key indexes */
+	blob_reject_patched(B_VERSION, 5, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0x200, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0xffff, 2, -TFAB_ERR_VERSION);
 	/* ...a version 1 blob too, whole or cut anywhere after its version... */
@@ -953,7 +957,7 @@ static void test_blob_encode_nospace(void **state)
 /* Pinned against doc/protocol.md: header, TENSOR_REQUEST, then the meta-data table. */
 static const uint8_t request_bytes[] = {
     /* header */
-    0x03,		    /* version */
+    0x04,		    /* version */
     0x01,		    /* type TENSOR_REQUEST */
     0x03, 0x00,		    /* flags META_VALID | REREQUEST */
     0x48, 0x00, 0x00, 0x00, /* length 72 */
@@ -980,7 +984,7 @@ static const uint8_t request_bytes[] = {
 };
 
 static const uint8_t meta_data_bytes[] = {
-    0x03, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
+    0x04, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
     0x14, 0x00, 0x00, 0x00,			    /* length 20 */
     0x07, 0x00, 0x00, 0x00,			    /* seq */
     0x00, 0x00, 0x00, 0x00,			    /* more 0, reserved */
@@ -991,7 +995,7 @@ static const uint8_t meta_data_bytes[] = {
 };
 
 static const uint8_t error_bytes[] = {
-    0x03, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
+    0x04, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
     0x0c, 0x00, 0x00, 0x00, /* length 12 */
     0x01, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1002,7 +1006,7 @@ static const uint8_t error_bytes[] = {
 };
 
 static const uint8_t cancel_bytes[] = {
-    0x03, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
+    0x04, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
     0x04, 0x00, 0x00, 0x00, /* length 4 */
     0xff, 0xff, 0xff, 0xff, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1010,7 +1014,7 @@ static const uint8_t cancel_bytes[] = {
 };
 
 static const uint8_t taken_bytes[] = {
-    0x03, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x04, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
     0x0e, 0x00, 0x00, 0x00, /* length 14 */
     0x03, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1145,6 +1149,54 @@ static void test_request_round_trip(void **state)
 				make_meta(&m.meta, ndims[d], false);
 				msg_round_trip(&m, expect);
 			}
+}
+
+/*
+ * Keys as indexes: a request that announces an index (its key, then the index), one that
+ * names its key by the index alone, and a RETIRE of indexes; no key without KEY_INDEX is
+ * refused both ways.
+ */
+static void test_key_index_round_trip(void **state)
+{
+	static const uint8_t key[5] = "grad";
+	uint32_t more[2] = {7, 0xffffffffu};
+	uint8_t slot[SLOT];
+	struct tfab_wire_msg m, d;
+	size_t len = 0;
+
+	(void)state;
+	sample_request(&m);
+	m.flags |= TFAB_MSGF_KEY_INDEX;
+	m.key = key;
+	m.key_len = 4;
+	m.key_index = 0x89abcdefu;
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 38 + 4 + 4 + 16 + 8 * m.meta.ndim);
+	m.key = NULL;
+	m.key_len = 0;
+	len = msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 38 + 4 + 16 + 8 * m.meta.ndim);
+	/* The index's bytes, little-endian, right after the (empty) key. */
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), 0);
+	assert_int_equal(slot[TFAB_WIRE_MSG_HDR + 38], 0xef);
+	assert_int_equal(slot[TFAB_WIRE_MSG_HDR + 41], 0x89);
+	/* No key and no index: refused by the encoder, and by the decoder. */
+	m.flags &= (uint16_t)~TFAB_MSGF_KEY_INDEX;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.flags |= TFAB_MSGF_KEY_INDEX;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), 0);
+	slot[2] &= (uint8_t)~TFAB_MSGF_KEY_INDEX; /* flags; the index's 4 bytes now trail */
+	assert_int_equal(tfab__wire_msg_decode(slot, len, &d), -TFAB_ERR_PROTOCOL);
+
+	memset(&m, 0, sizeof(m));
+	m.type = TFAB_MSG_RETIRE;
+	m.seq = 5;
+	m.req_index = 1;
+	m.ntaken = 3;
+	m.taken = more;
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + 6 + 8);
+	m.ntaken = 0;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.ntaken = TFAB_WIRE_MAX_TAKEN + 1;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
 }
 
 static void test_meta_data_round_trip(void **state)
@@ -2339,6 +2391,7 @@ static void test_immediates(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_key_index_round_trip),
 	    cmocka_unit_test(test_blob_known_bytes),
 	    cmocka_unit_test(test_blob_round_trip),
 	    cmocka_unit_test(test_blob_trailing_bytes_ignored),
