@@ -373,6 +373,12 @@ int tfab__key_index_resolve(struct tfab_peer *peer, struct tfab_wire_msg *m);
 void tfab__key_index_on_retire(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__key_index_free(struct tfab_peer *peer);
 
+/* strings.c */
+/* The destination a string tensor last nbytes long gets: TFAB_STRINGS_HEADROOM more. */
+uint64_t tfab__strings_capacity(const struct tfab_context *ctx, uint64_t nbytes);
+/* Content landed for string receive r: its size, from its length (checked against the room). */
+int tfab__strings_landed(struct tfab_request *r, uint64_t *nbytes_p);
+
 /* recv.c */
 /* What a receive is: a DLPack one (into dest, or the pool) with cb, or a string tensor's. */
 struct tfab_recv_args {

@@ -213,7 +213,7 @@ static int dest_fits(struct tfab_request *r, const struct tfab_wire_meta *um)
 static int dest_prepare(struct tfab_request *r)
 {
 	struct tfab_context *ctx = r->ctx;
-	uint64_t n = r->meta.nbytes;
+	uint64_t n = r->strings ? tfab__strings_capacity(ctx, r->meta.nbytes) : r->meta.nbytes;
 	int rc;
 
 	if (r->meta.is_dead)
@@ -384,6 +384,16 @@ void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t le
 	}
 	TFAB_TRACE(SUBSYS, "content for '%s' step %lld from peer %u landed: %llu bytes", r->key,
 		   (long long)r->step, r->peer->id, (unsigned long long)len);
+	/* A string tensor's may be smaller or larger than asked for: its length says. */
+	if (r->strings && !empty) {
+		uint64_t n;
+
+		if (tfab__strings_landed(r, &n)) {
+			tfab__request_fail(r, -TFAB_ERR_PROTOCOL, true);
+			return;
+		}
+		r->meta.nbytes = n;
+	}
 	if (len && len != r->meta.nbytes) {
 		TFAB_ERROR(SUBSYS, "receive of '%s': %llu bytes landed, %llu expected", r->key,
 			   (unsigned long long)len, (unsigned long long)r->meta.nbytes);

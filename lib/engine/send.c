@@ -465,8 +465,8 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 			return;
 		}
 	}
-	if ((q->flags & TFAB_MSGF_META_VALID) && tfab__wire_meta_equal(&q->meta, &s->meta) &&
-	    q->dest_capacity >= s->meta.nbytes && !no_content) {
+	if ((q->flags & TFAB_MSGF_META_VALID) &&
+	    tfab__wire_meta_takes(&q->meta, &s->meta, q->dest_capacity) && !no_content) {
 		s->state = TFAB_SEND_WRITING;
 		rc = track(s);
 		if (rc == 0 && s->gpu)

@@ -1,8 +1,11 @@
 /*
  * String tensors over the engine: the one path that is not zero-copy. The sender serializes
- * the strings as a TensorProto into a registered pool block (the send owns it), and the usual
- * request/response cycle moves those bytes, the meta-data carrying their size; the receiver
- * parses the block into a tfab_string_tensor. Both copies count in bytes_copied.
+ * the strings as a TensorProto into a registered pool block (the send owns it), after an
+ * 8-byte length (protocol.md, "String tensors"), and the usual request/response cycle moves
+ * those bytes, the meta-data carrying their size. The receiver asks with room to spare
+ * (TFAB_STRINGS_HEADROOM), so that a tensor whose serialized size changed but fits is
+ * written at once; the length says how much landed, and the receiver parses that into a
+ * tfab_string_tensor. Both copies count in bytes_copied (the TensorProto's bytes).
  */
 #include <errno.h>
 #include <string.h>
@@ -38,21 +41,45 @@ int64_t tfab_string_tensor_count(const struct tfab_string_tensor *t)
 	return n;
 }
 
-/* Serialize straight into a pool block (registered on the receiver's path when it asks). */
+/*
+ * Serialize straight into a pool block (registered on the receiver's path when it asks), past
+ * the room for the length: block is the block, the TensorProto starts STRING_LEN_BYTES in.
+ */
 struct pool_out {
 	struct tfab_context *ctx;
+	uint8_t *block;
 };
 
 static int pool_out_alloc(void *arg, size_t len, void **buf_p)
 {
 	struct pool_out *o = arg;
+	void *block;
 	int rc;
 
 	/* The pool's allocator (shared memory) is the engine's: its lock serialises it. */
 	tfab__ctx_lock(o->ctx);
-	rc = tfab__pool_alloc(o->ctx->pool, 0, len, buf_p, NULL);
+	rc = tfab__pool_alloc(o->ctx->pool, 0, len + TFAB_WIRE_STRING_LEN, &block, NULL);
 	tfab__ctx_unlock(o->ctx);
+	if (rc == 0) {
+		o->block = block;
+		*buf_p = o->block + TFAB_WIRE_STRING_LEN;
+	}
 	return rc;
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
 }
 
 static void count_copied(struct tfab_context *ctx, uint64_t n)
@@ -83,12 +110,14 @@ static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const ch
 	meta.ndim = (uint8_t)t->ndim;
 	memcpy(meta.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
 	if (!is_dead && count > 0) {
-		struct pool_out o = {ctx};
+		struct pool_out o = {ctx, NULL};
 
 		rc = tfab__tensorproto_pack_strings(t, pool_out_alloc, &o, &buf, &len);
 		if (rc)
 			return rc;
-		meta.nbytes = len;
+		put_le64(o.block, len);
+		buf = o.block; /* the content: the length, then the TensorProto */
+		meta.nbytes = len + TFAB_WIRE_STRING_LEN;
 		count_copied(ctx, len);
 	}
 	return tfab__send_start(ctx, to, key, step_id, &meta, buf, buf != NULL, false, cb, arg);
@@ -109,6 +138,37 @@ int tfab_send_strings_to(struct tfab_context *ctx, struct tfab_peer *peer, const
 	return send_strings(ctx, peer, key, step_id, t, is_dead, cb, arg);
 }
 
+uint64_t tfab__strings_capacity(const struct tfab_context *ctx, uint64_t nbytes)
+{
+	uint64_t room = nbytes / 100 * ctx->cfg.strings_headroom +
+			nbytes % 100 * ctx->cfg.strings_headroom / 100;
+
+	if (nbytes == 0)
+		return 0;
+	return nbytes + room > TFAB_WIRE_MAX_STRING_BYTES ? nbytes : nbytes + room;
+}
+
+int tfab__strings_landed(struct tfab_request *r, uint64_t *nbytes_p)
+{
+	uint64_t len;
+
+	if (r->dest_cap < TFAB_WIRE_STRING_LEN + 1) {
+		TFAB_ERROR(SUBSYS, "receive of '%s': a string tensor's content into %llu bytes",
+			   r->key, (unsigned long long)r->dest_cap);
+		return -TFAB_ERR_PROTOCOL;
+	}
+	len = get_le64(r->dest);
+	if (len == 0 || len > r->dest_cap - TFAB_WIRE_STRING_LEN) {
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s': a TensorProto of %llu bytes claimed, room for %llu",
+			   r->key, (unsigned long long)len,
+			   (unsigned long long)(r->dest_cap - TFAB_WIRE_STRING_LEN));
+		return -TFAB_ERR_PROTOCOL;
+	}
+	*nbytes_p = len + TFAB_WIRE_STRING_LEN;
+	return 0;
+}
+
 int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t nbytes)
 {
 	struct tfab_string_tensor *t = NULL;
@@ -121,7 +181,11 @@ int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t
 		r->sout = tfab__strings_empty(r->meta.ndim, r->meta.shape);
 		return r->sout ? 0 : -ENOMEM;
 	}
-	rc = tfab_tensorproto_decode(content, nbytes, NULL, &t);
+	if (nbytes <= TFAB_WIRE_STRING_LEN)
+		return -TFAB_ERR_PROTOCOL;
+	nbytes -= TFAB_WIRE_STRING_LEN;
+	rc = tfab_tensorproto_decode((const uint8_t *)content + TFAB_WIRE_STRING_LEN, nbytes, NULL,
+				     &t);
 	if (rc)
 		return rc;
 	/* The bytes must describe the tensor the meta-data announced. */

@@ -296,6 +296,22 @@ bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wir
 	return true;
 }
 
+bool tfab__wire_meta_takes(const struct tfab_wire_meta *asked, const struct tfab_wire_meta *have,
+			   uint64_t capacity)
+{
+	struct tfab_wire_meta a;
+
+	if (capacity < have->nbytes)
+		return false;
+	if (tfab__wire_meta_equal(asked, have))
+		return true;
+	if (asked->dtype_code != TFAB_WIRE_DTYPE_STRING || !asked->nbytes || !have->nbytes)
+		return false;
+	a = *asked;
+	a.nbytes = have->nbytes;
+	return tfab__wire_meta_equal(&a, have);
+}
+
 /* ---- Messages ---- */
 
 static bool has_meta(const struct tfab_wire_msg *m)

@@ -123,6 +123,8 @@ enum {
  * serialized size, 0 when the tensor is empty or dead.
  */
 #define TFAB_WIRE_DTYPE_STRING 0xffu
+/* A string tensor's content: this many bytes of length (little-endian), then the TensorProto. */
+#define TFAB_WIRE_STRING_LEN 8u
 #define TFAB_WIRE_MAX_STRING_BYTES 0x7fffffffu
 
 struct tfab_wire_meta {
@@ -218,5 +220,12 @@ int tfab__wire_slot_next(struct tfab_wire_slot_reader *rd, struct tfab_wire_msg 
 
 /* Whether two meta-data are the same tensor layout (dtype, is_dead, shape, nbytes). */
 bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wire_meta *b);
+/*
+ * Whether a request that gave asked, with room for capacity bytes, can take content of have:
+ * the same layout, or string tensors of the same shape whose serialized size changed and
+ * fits (the content says its length).
+ */
+bool tfab__wire_meta_takes(const struct tfab_wire_meta *asked, const struct tfab_wire_meta *have,
+			   uint64_t capacity);
 
 #endif

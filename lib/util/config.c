@@ -215,6 +215,11 @@ static const struct tfab_config_entry table[] = {
      "1 names a key whose meta-data the receiver caches by a 32-bit index in its requests after "
      "the first (the key travels once); 0 sends the whole key in every request",
      FIELD(key_index), &parser_uint, 0, 1},
+    {"TFAB_STRINGS_HEADROOM", "25",
+     "Percent of room a string tensor's receive asks for beyond the size the key had last: a "
+     "tensor that grew within it is written at once, one that outgrew it costs a META_DATA "
+     "round trip",
+     FIELD(strings_headroom), &parser_uint, 0, 1000},
     {"TFAB_EMPTY_WRITE", "1",
      "1 answers a request for an empty or dead tensor whose meta-data the receiver has cached "
      "with a zero-byte write; 0 with a META_DATA message, as for a changed tensor",

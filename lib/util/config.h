@@ -34,6 +34,7 @@ struct tfab_config {
 	unsigned progress_thread;    /* TFAB_PROGRESS_THREAD */
 	unsigned ctrl_batch;	     /* TFAB_CTRL_BATCH */
 	unsigned key_index;	     /* TFAB_KEY_INDEX */
+	unsigned strings_headroom;   /* TFAB_STRINGS_HEADROOM */
 	unsigned empty_write;	     /* TFAB_EMPTY_WRITE */
 	unsigned meta_cache_entries; /* TFAB_META_CACHE_ENTRIES */
 	unsigned mr_cache_entries;   /* TFAB_MR_CACHE_ENTRIES */

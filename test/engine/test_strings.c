@@ -300,9 +300,80 @@ static int sc_strings_resize(struct mp *mp)
 	}
 	if (mp->rank == 0) {
 		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
-		/* step 0 learns the size, 2 and 4 change it */
-		CHECK(st.rerequests - st0.rerequests == 3);
+		/*
+		 * Step 0 learns the size, 2 outgrows the room its receive asked for; 4 shrinks,
+		 * and fits (its length says how much landed).
+		 */
+		CHECK(st.rerequests - st0.rerequests == 2);
 		CHECK(st.meta_misses - st0.meta_misses == 1);
+	}
+	return check_copied(mp, &st0, copied);
+}
+
+/*
+ * A string tensor whose serialized size changes every step, by up to 20% either way (a
+ * deterministic walk around 4,000 bytes), for STEPS steps, every tensor checked. With the
+ * receive asking for 25% more room than the size it saw last (TFAB_STRINGS_HEADROOM, the
+ * default) only the first step costs a re-request; with 0, every step that grew does.
+ */
+static int sc_strings_vary(struct mp *mp)
+{
+	enum { STEPS = 40 };
+	static const int64_t shape[1] = {1};
+	const char *env = getenv("TFAB_STRINGS_HEADROOM");
+	unsigned headroom = env ? (unsigned)atoi(env) : 25;
+	struct tfab_stats st0, st;
+	size_t copied = 0, len = 4000, prev = 0;
+	int grew = 0;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
+	for (int i = 0; i < STEPS; i++) {
+		/* -20% .. +20%, from the step */
+		int pct = (int)((unsigned)(i * 7919 + 13) % 41) - 20;
+		char *b;
+
+		len = len * (size_t)(100 + pct) / 100;
+		if (len < 1000 || len > 16000)
+			len = 4000;
+		grew += i > 0 && len > prev;
+		prev = len;
+		b = malloc(len);
+		memset(b, 'a' + i % 26, len);
+		struct tfab_string one = {b, len};
+		struct tfab_string_tensor t = {1, shape, &one};
+
+		copied += proto_size(&t, false);
+		if (mp->rank == 1) {
+			struct sent d = {.want = 1};
+
+			CHECK_RC(tfab_send_strings(mp->ctx, "vary", i, &t, false, on_sent, &d), 0);
+			CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+			CHECK(d.errors == 0);
+		} else {
+			struct tfab_string_tensor *got = NULL;
+
+			CHECK_RC(tfab_recv_strings_sync(mp->ctx, mp->peers[1], "vary", i, WAIT_MS,
+							&got, NULL),
+				 0);
+			CHECK(got && got->ndim == 1 && got->shape[0] == 1);
+			CHECK(got->strings[0].len == len);
+			CHECK(memcmp(got->strings[0].data, b, len) == 0);
+			tfab_string_tensor_free(got);
+		}
+		free(b);
+	}
+	if (mp->rank == 0) {
+		uint64_t rr;
+
+		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+		rr = st.rerequests - st0.rerequests;
+		printf("strings_vary: %d steps, %d of them grew: %llu re-requests (%.3f a step; "
+		       "TFAB_STRINGS_HEADROOM %u)\n",
+		       STEPS, grew, (unsigned long long)rr, (double)rr / STEPS, headroom);
+		if (headroom >= 25)
+			CHECK(rr == 1);
+		else if (headroom == 0)
+			CHECK(rr == 1 + (uint64_t)grew);
 	}
 	return check_copied(mp, &st0, copied);
 }
@@ -539,6 +610,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "strings_send_first", .nranks = 2, .fn = sc_strings_send_first},
     {.name = "strings_recv_first", .nranks = 2, .fn = sc_strings_recv_first},
     {.name = "strings_resize", .nranks = 2, .fn = sc_strings_resize},
+    {.name = "strings_vary", .nranks = 2, .fn = sc_strings_vary},
     {.name = "strings_big", .nranks = 2, .fn = sc_strings_big},
     {.name = "strings_kind", .nranks = 2, .fn = sc_strings_kind},
     {.name = "strings_bad", .nranks = 2, .fn = sc_strings_bad},
