@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "engine/engine.h"
 #include "mp.h"
 
 /* A bound on waits for one event: the stall bound (mp.h). */
@@ -461,6 +463,135 @@ static int sc_strings_kind(struct mp *mp)
 	return check_copied(mp, &st0, proto_size(&st, false));
 }
 
+/* The request for key that the engine holds parked here, copied out (0), or -ENOENT. */
+static int parked_request(struct tfab_context *ctx, const char *key, struct tfab_response *out)
+{
+	int rc = -ENOENT;
+
+	tfab__ctx_lock(ctx);
+	for (size_t i = 0; i < ctx->parked.nbuckets && rc; i++) {
+		for (struct tfab_hnode *h = ctx->parked.buckets[i]; h && rc; h = h->next) {
+			struct tfab_response *p = tfab_container_of(h, struct tfab_response, node);
+
+			if (p->key_len == strlen(key) && memcmp(p->key, key, p->key_len) == 0) {
+				*out = *p;
+				rc = 0;
+			}
+		}
+	}
+	tfab__ctx_unlock(ctx);
+	return rc;
+}
+
+/*
+ * A sender that lies about a string tensor's length: rank 1 answers rank 0's request (with
+ * room, after a first step) by writing content whose 8-byte length claims more than the
+ * destination holds. Rank 0's receive fails with TFAB_ERR_PROTOCOL, nothing is read past the
+ * destination, and the pair goes on: the next step arrives whole. Where the fabric reports
+ * how much landed that alone catches the lie, so rank 0 first checks the bound itself
+ * (tfab__strings_landed) on lengths at, past and far past the room.
+ */
+static int sc_strings_lying_length(struct mp *mp)
+{
+	static const int64_t shape[1] = {1};
+	char text[100];
+	struct tfab_string one = {text, sizeof(text)};
+	struct tfab_string_tensor t = {1, shape, &one};
+
+	memset(text, 'q', sizeof(text));
+	if (mp->rank == 0) {
+		/* The bound itself: a length must leave the 8 bytes and fit the room. */
+		static const uint64_t claims[5] = {92, 93, 0, UINT64_MAX, 1};
+		static const int want[5] = {0, -TFAB_ERR_PROTOCOL, -TFAB_ERR_PROTOCOL,
+					    -TFAB_ERR_PROTOCOL, -TFAB_ERR_PROTOCOL};
+		struct tfab_request *r = calloc(1, sizeof(*r));
+		uint8_t room[100];
+		uint64_t n = 0;
+
+		CHECK(r != NULL);
+		r->dest = room;
+		for (int c = 0; c < 5; c++) {
+			for (int i = 0; i < 8; i++)
+				room[i] = (uint8_t)(claims[c] >> (8 * i));
+			r->dest_cap = c == 4 ? 8 : sizeof(room);
+			CHECK_RC(tfab__strings_landed(r, &n), want[c]);
+		}
+		r->dest_cap = sizeof(room);
+		for (int i = 0; i < 8; i++)
+			room[i] = (uint8_t)(claims[0] >> (8 * i));
+		CHECK(tfab__strings_landed(r, &n) == 0 && n == sizeof(room));
+		free(r);
+	}
+	for (int step = 1; step <= 3; step++) {
+		if (mp->rank == 1 && step == 2) {
+			struct tfab_peer *peer = mp->peers[0];
+			struct tfab_response q;
+			struct tfab_mr *mr = NULL;
+			uint8_t *buf = aligned_alloc(4096, 4096);
+			uint64_t until = 0;
+			bool idle = false;
+
+			CHECK(buf != NULL);
+			for (int i = 0; i < 20000 && parked_request(mp->ctx, "lie", &q); i++) {
+				tfab_progress(mp->ctx);
+				usleep(100);
+			}
+			CHECK_RC(parked_request(mp->ctx, "lie", &q), 0);
+			CHECK(q.dest_capacity > 8 && q.dest_capacity <= 4096);
+			memset(buf, 0, 4096);
+			for (int i = 0; i < 8; i++) /* far beyond the room */
+				buf[i] = (uint8_t)((q.dest_capacity + (1u << 30)) >> (8 * i));
+			tfab__ctx_lock(mp->ctx);
+			int rc = tfab_mr_reg(peer->conn->ep, buf, 4096, TFAB_MR_LOCAL_WRITE, &mr);
+
+			if (rc == 0)
+				rc = tfab_conn_write_imm(peer->conn, buf, q.dest_capacity, mr,
+							 q.dest_raddr, q.dest_rkey, q.req_index, 0,
+							 &peer->credit_w);
+			if (rc == 0)
+				peer->users++; /* accounted as a credit write's completion */
+			tfab__ctx_unlock(mp->ctx);
+			CHECK_RC(rc, 0);
+			until = (uint64_t)WAIT_MS * 10;
+			while (!idle && until--) {
+				tfab_progress(mp->ctx);
+				tfab__ctx_lock(mp->ctx);
+				idle = peer->users == 0;
+				tfab__ctx_unlock(mp->ctx);
+				if (!idle)
+					usleep(100);
+			}
+			tfab__ctx_lock(mp->ctx);
+			tfab_mr_dereg(mr);
+			tfab__ctx_unlock(mp->ctx);
+			free(buf);
+			CHECK(idle);
+		} else if (mp->rank == 1) {
+			struct sent d = {.want = 1};
+
+			CHECK_RC(tfab_send_strings(mp->ctx, "lie", step, &t, false, on_sent, &d),
+				 0);
+			CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+			CHECK(d.errors == 0);
+		} else {
+			struct tfab_string_tensor *got = NULL;
+			int rc = tfab_recv_strings_sync(mp->ctx, mp->peers[1], "lie", step, WAIT_MS,
+							&got, NULL);
+
+			if (step == 2) {
+				CHECK_RC(rc, -TFAB_ERR_PROTOCOL);
+			} else {
+				CHECK_RC(rc, 0);
+				CHECK(got && got->strings[0].len == sizeof(text));
+				CHECK(memcmp(got->strings[0].data, text, sizeof(text)) == 0);
+			}
+			tfab_string_tensor_free(got);
+		}
+		CHECK(mp_barrier(mp, 300 + step) == 0);
+	}
+	return 0;
+}
+
 /* Bad string tensors are refused at the call, and nothing is sent. */
 static int sc_strings_bad(struct mp *mp)
 {
@@ -611,6 +742,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "strings_recv_first", .nranks = 2, .fn = sc_strings_recv_first},
     {.name = "strings_resize", .nranks = 2, .fn = sc_strings_resize},
     {.name = "strings_vary", .nranks = 2, .fn = sc_strings_vary},
+    {.name = "strings_lying_length", .nranks = 2, .fn = sc_strings_lying_length},
     {.name = "strings_big", .nranks = 2, .fn = sc_strings_big},
     {.name = "strings_kind", .nranks = 2, .fn = sc_strings_kind},
     {.name = "strings_bad", .nranks = 2, .fn = sc_strings_bad},
