@@ -58,6 +58,12 @@ struct tfab_caps {
 	bool same_host;	       /* reaches only processes on this host (shm) */
 	bool manual_progress;  /* data moves only while both sides poll */
 	bool mr_local;	       /* local buffers must be registered (always done anyway) */
+	/*
+	 * Several control messages a write (TFAB_CTRL_BATCH) can stall it: libfabric sockets,
+	 * whose TCP connections it leaves at a zero window (doc/design.md). The engine writes
+	 * one message a write to peers on such a path.
+	 */
+	bool no_ctrl_batch;
 };
 
 /* A registered memory region, on one endpoint. */

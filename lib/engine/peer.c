@@ -490,6 +490,12 @@ static void put_le32(uint8_t *p, uint32_t v)
 	p[3] = (uint8_t)(v >> 24);
 }
 
+/* Whether control writes to the peer carry several messages and credits (TFAB_CTRL_BATCH). */
+static bool batches(const struct tfab_peer *peer)
+{
+	return peer->ctx->cfg.ctrl_batch && peer->path && !peer->path->caps->no_ctrl_batch;
+}
+
 /* A control slot being filled: encoded messages back to back (protocol.md, "Message slot"). */
 struct slot_fill {
 	uint8_t *src;
@@ -514,7 +520,7 @@ static void fill_taken(struct tfab_peer *peer, struct slot_fill *f)
 	struct tfab_wire_msg t = {.type = TFAB_MSG_TAKEN};
 	size_t room = SLOT_SIZE - f->len, n, tlen;
 
-	if (!peer->ctx->cfg.ctrl_batch || !peer->ntaken || room < TFAB_WIRE_MSG_HDR + 6)
+	if (!batches(peer) || !peer->ntaken || room < TFAB_WIRE_MSG_HDR + 6)
 		return;
 	n = (room - TFAB_WIRE_MSG_HDR - 6) / 4 + 1;
 	if (n > peer->ntaken)
@@ -611,7 +617,7 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len, unsigned 
 	uint32_t rslot = peer->tx_seq % peer->remote_slots;
 	struct tfab_outbox_slot *os = &peer->oslots[peer->tx_seq % slots_of(ctx)];
 	/* The credits due ride along (protocol.md, "Message slot"). */
-	uint32_t credits = ctx->cfg.ctrl_batch ? peer->rx_unreturned : 0;
+	uint32_t credits = batches(peer) ? peer->rx_unreturned : 0;
 	int rc;
 
 	if (credits > TFAB_WIRE_MAX_SLOTS)
@@ -645,7 +651,7 @@ static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len, unsigned 
  */
 static void peer_flush(struct tfab_peer *peer)
 {
-	bool batch = peer->ctx->cfg.ctrl_batch;
+	bool batch = batches(peer);
 
 	if (!peer->connected || peer->failed)
 		return;

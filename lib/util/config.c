@@ -205,11 +205,10 @@ static const struct tfab_config_entry table[] = {
      "1 starts a progress thread per context; 0 leaves progress to tfab_progress() and blocking "
      "receives",
      FIELD(progress_thread), &parser_uint, 0, 1},
-    {"TFAB_CTRL_BATCH", "0",
+    {"TFAB_CTRL_BATCH", "1",
      "1 lets a control write carry several messages (those queued for credit, the TAKEN "
-     "indexes waiting) and the credits due; 0 writes each message alone and credits apart "
-     "(the default: with 1, strings_threads on libfabric sockets stalls about 1 run in 25 "
-     "under ASan, in the kernel below sockets: doc/design.md)",
+     "indexes waiting) and the credits due, except to peers on libfabric sockets, which it "
+     "can stall (doc/design.md); 0 writes each message alone and credits apart",
      FIELD(ctrl_batch), &parser_uint, 0, 1},
     {"TFAB_KEY_INDEX", "1",
      "1 names a key whose meta-data the receiver caches by a 32-bit index in its requests after "

@@ -509,6 +509,7 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->rx_cq_data = (fi->mode & FI_RX_CQ_DATA) != 0;
 	sockets = strcmp(fi->fabric_attr->prov_name, "sockets") == 0;
 	ep->max_inflight = sockets ? TFAB_OFI_SOCKETS_INFLIGHT : UINT32_MAX;
+	ep->caps.no_ctrl_batch = sockets;
 	ep->keep_addrs = strcmp(fi->fabric_attr->prov_name, "shm") == 0;
 	ep->caps.same_host = ep->keep_addrs; /* libfabric's shm: processes of this host only */
 	if (progress_manual(fi))
