@@ -800,16 +800,14 @@ static void protocol_error(struct tfab_peer *peer, const char *what)
 	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 }
 
-static void on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+/* m: decoded from the slot; a request by key index gets its key filled in. */
+static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 {
 	switch (m->type) {
-	case TFAB_MSG_TENSOR_REQUEST: {
-		struct tfab_wire_msg named = *m;
-
-		if (tfab__key_index_resolve(peer, &named) == 0)
-			tfab__send_on_request(peer, &named);
+	case TFAB_MSG_TENSOR_REQUEST:
+		if (tfab__key_index_resolve(peer, m) == 0)
+			tfab__send_on_request(peer, m);
 		break;
-	}
 	case TFAB_MSG_RETIRE:
 		tfab__key_index_on_retire(peer, m);
 		break;

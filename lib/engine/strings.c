@@ -67,21 +67,6 @@ static int pool_out_alloc(void *arg, size_t len, void **buf_p)
 	return rc;
 }
 
-static void put_le64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 static void count_copied(struct tfab_context *ctx, uint64_t n)
 {
 	tfab__ctx_lock(ctx);
@@ -115,7 +100,7 @@ static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const ch
 		rc = tfab__tensorproto_pack_strings(t, pool_out_alloc, &o, &buf, &len);
 		if (rc)
 			return rc;
-		put_le64(o.block, len);
+		tfab__wire_string_len_put(o.block, len);
 		buf = o.block; /* the content: the length, then the TensorProto */
 		meta.nbytes = len + TFAB_WIRE_STRING_LEN;
 		count_copied(ctx, len);
@@ -140,11 +125,9 @@ int tfab_send_strings_to(struct tfab_context *ctx, struct tfab_peer *peer, const
 
 uint64_t tfab__strings_capacity(const struct tfab_context *ctx, uint64_t nbytes)
 {
-	uint64_t room = nbytes / 100 * ctx->cfg.strings_headroom +
-			nbytes % 100 * ctx->cfg.strings_headroom / 100;
+	/* nbytes fits the meta-data (< 2^31), headroom is at most 1000: no overflow */
+	uint64_t room = nbytes * ctx->cfg.strings_headroom / 100;
 
-	if (nbytes == 0)
-		return 0;
 	return nbytes + room > TFAB_WIRE_MAX_STRING_BYTES ? nbytes : nbytes + room;
 }
 
@@ -157,7 +140,7 @@ int tfab__strings_landed(struct tfab_request *r, uint64_t *nbytes_p)
 			   r->key, (unsigned long long)r->dest_cap);
 		return -TFAB_ERR_PROTOCOL;
 	}
-	len = get_le64(r->dest);
+	len = tfab__wire_string_len_get(r->dest);
 	if (len == 0 || len > r->dest_cap - TFAB_WIRE_STRING_LEN) {
 		TFAB_ERROR(SUBSYS,
 			   "receive of '%s': a TensorProto of %llu bytes claimed, room for %llu",

@@ -296,6 +296,18 @@ bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wir
 	return true;
 }
 
+void tfab__wire_string_len_put(void *content, uint64_t len)
+{
+	put_le(content, len, TFAB_WIRE_STRING_LEN);
+}
+
+uint64_t tfab__wire_string_len_get(const void *content)
+{
+	struct rd r = {.p = content, .left = TFAB_WIRE_STRING_LEN};
+
+	return get_le(&r, TFAB_WIRE_STRING_LEN);
+}
+
 bool tfab__wire_meta_takes(const struct tfab_wire_meta *asked, const struct tfab_wire_meta *have,
 			   uint64_t capacity)
 {

@@ -125,6 +125,8 @@ enum {
 #define TFAB_WIRE_DTYPE_STRING 0xffu
 /* A string tensor's content: this many bytes of length (little-endian), then the TensorProto. */
 #define TFAB_WIRE_STRING_LEN 8u
+void tfab__wire_string_len_put(void *content, uint64_t len);
+uint64_t tfab__wire_string_len_get(const void *content);
 #define TFAB_WIRE_MAX_STRING_BYTES 0x7fffffffu
 
 struct tfab_wire_meta {
