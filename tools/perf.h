@@ -28,6 +28,7 @@ struct perf_opts {
 	bool cuda;		 /* --device cuda: tensor test buffers in GPU memory */
 	bool progress;		 /* show progress on a terminal */
 	bool heap_dst;		 /* raw: destinations from malloc even where mem_alloc is offered */
+	unsigned no_request;	 /* tensor: requests kept standing ahead per key (0: off) */
 	int timeout_ms;		 /* bound of every wait */
 	const char *listen_port; /* --listen */
 	const char *connect_to;	 /* --connect */

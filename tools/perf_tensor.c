@@ -122,9 +122,12 @@ struct tstate {
 	unsigned damaged; /* --verify: tensors received this size unlike their pattern */
 	bool pool_dest;	  /* receives into tensors the library allocates (not --heap-dst) */
 	volatile int err;
-	struct xfer slots[64];	  /* bandwidth */
-	struct xfer tx[2], rx[2]; /* the ping-pong: sends and receives of two rounds */
-	struct xfer ctl;	  /* the verdict, the last barrier */
+	struct xfer slots[64]; /* bandwidth */
+	/* the ping-pong: sends of `lag` rounds (the verdict of one is waited for then), receives
+	 * of two */
+	struct xfer tx[2 + 64 / 2], rx[2];
+	unsigned no_request; /* --no-request: its depth */
+	struct xfer ctl;     /* the verdict, the last barrier */
 	uint8_t ctl_byte;
 	/* the report of a size: the server's fabric writes, then its verdict (one byte) */
 	uint8_t report[9];
@@ -307,13 +310,29 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	unsigned lat_n = perf_lat_iters(iters), lat_warm = lat_n / 10 ? lat_n / 10 : 1;
 	struct xfer *tx = s->tx, *rx = s->rx;
 	uint64_t posted = 0, t0 = 0, t1, writes = writes_of(s->ctx), peer_writes = 0;
+	unsigned depth = s->no_request < window ? s->no_request : window;
+	/*
+	 * In no-request mode a receive's verdict waits for the next control write (up to depth/2
+	 * receives later): the ping-pong waits for a send's that much later too. Even, so that
+	 * each round's send keeps its buffer (of two).
+	 */
+	unsigned lag = depth ? (depth / 2 + 3) & ~1u : 2;
 	int rc;
+
+	if (s->no_request) {
+		rc = client ? tfab_recv_ahead(s->ctx, s->peer, "bw", depth)
+			    : tfab_recv_ahead(s->ctx, s->peer, "ping", depth);
+		if (rc == 0 && client)
+			rc = tfab_recv_ahead(s->ctx, s->peer, "pong", depth);
+		if (rc)
+			return rc;
+	}
 
 	for (unsigned w = 0; w < window; w++)
 		xfer_init(&s->slots[w], s, s->verify ? slot_bufs[w] : bufs[0], size, s->cuda);
 	/* the ping-pong: a receive must not land in what this side sends */
-	xfer_init(&tx[0], s, bufs[0], size, s->cuda);
-	xfer_init(&tx[1], s, bufs[3], size, s->cuda);
+	for (unsigned k = 0; k < lag; k++)
+		xfer_init(&tx[k], s, k % 2 ? bufs[3] : bufs[0], size, s->cuda);
 	xfer_init(&rx[0], s, bufs[1], size, s->cuda);
 	xfer_init(&rx[1], s, bufs[2], size, s->cuda);
 	s->sent = s->received = 0;
@@ -364,21 +383,21 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 
 		if (i == lat_warm)
 			t0 = tfab__now_ns();
-		/* the send of two rounds ago is done with its tensor */
+		/* the send of `lag` rounds ago is done with its tensor */
 		if (!client && !wait_count(s, &s->received, i + 1))
 			return s->err;
-		if (i >= 2 && !wait_count(s, &s->sent, i - 1))
+		if (i >= lag && !wait_count(s, &s->sent, i - lag + 1))
 			return s->err;
 		if (client) {
 			/* the ping first, then the receive the last pong freed */
-			rc = xfer_post(&tx[i % 2], true, "ping", step, (uint64_t)step);
+			rc = xfer_post(&tx[i % lag], true, "ping", step, (uint64_t)step);
 			if (rc == 0 && i > 0 && i + 1 < lat_n + lat_warm)
 				rc = xfer_post(&rx[(i + 1) % 2], false, "pong", step + 1,
 					       PONG_SEED(step + 1));
 			if (rc == 0 && !wait_count(s, &s->received, i + 1))
 				return s->err;
 		} else {
-			rc = xfer_post(&tx[i % 2], true, "pong", step, PONG_SEED(step));
+			rc = xfer_post(&tx[i % lag], true, "pong", step, PONG_SEED(step));
 			if (rc == 0 && i + 2 < lat_n + lat_warm)
 				rc = xfer_post(&rx[i % 2], false, "ping", step + 2,
 					       (uint64_t)step + 2);
@@ -416,8 +435,10 @@ static void release_slots(struct tstate *s, uint8_t **slot_bufs, size_t len)
 
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 {
-	struct tstate s = {
-	    .verify = o->verify, .cuda = o->cuda, .pool_dest = !o->cuda && !o->heap_dst};
+	struct tstate s = {.verify = o->verify,
+			   .cuda = o->cuda,
+			   .pool_dest = !o->cuda && !o->heap_dst,
+			   .no_request = o->no_request};
 	struct tfab_stats st;
 	uint8_t *bufs[4] = {0}, *slot_bufs[64] = {0};
 	size_t maxsize = 1, slot_len = 0;

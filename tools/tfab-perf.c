@@ -106,6 +106,11 @@ static void usage(FILE *f)
 	    "                       shm), tensor into the caller's tensors rather than ones the\n"
 	    "                       library allocates from its pool (--device cuda always does)\n"
 	    "                       (default off)\n"
+	    "      --no-request[=D] tensor: no-request mode (tfab_recv_ahead): the receives keep\n"
+	    "                       D requests standing ahead (default 16, at most the window),\n"
+	    "                       so senders write at once; the ping-pong then waits for a\n"
+	    "                       send's verdict D/2 + 2 rounds later; receives into library\n"
+	    "                       tensors only (not --heap-dst, --device cuda) (default off)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
 	    "      --json           one JSON object per size (default: a table)\n"
 	    "      --listen PORT    be the server, on this TCP port (default: a local pair)\n"
@@ -189,7 +194,8 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 		OPT_LISTEN,
 		OPT_CONNECT,
 		OPT_DEVICE,
-		OPT_HEAP_DST
+		OPT_HEAP_DST,
+		OPT_NO_REQUEST
 	};
 	static const struct option longopts[] = {
 	    {"sizes", required_argument, NULL, 's'},
@@ -198,6 +204,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	    {"provider", required_argument, NULL, 'p'},
 	    {"verify", no_argument, NULL, OPT_VERIFY},
 	    {"heap-dst", no_argument, NULL, OPT_HEAP_DST},
+	    {"no-request", optional_argument, NULL, OPT_NO_REQUEST},
 	    {"device", required_argument, NULL, OPT_DEVICE},
 	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
 	    {"json", no_argument, NULL, OPT_JSON},
@@ -242,6 +249,14 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			break;
 		case OPT_HEAP_DST:
 			o->heap_dst = true;
+			break;
+		case OPT_NO_REQUEST:
+			v = 16;
+			if (optarg && (tfab__parse_size(optarg, &v) || v == 0 || v > 64)) {
+				fprintf(stderr, "tfab-perf: bad depth '%s' (1 to 64)\n", optarg);
+				return 2;
+			}
+			o->no_request = (unsigned)v;
 			break;
 		case OPT_DEVICE:
 			if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
@@ -293,6 +308,7 @@ static void send_plan(struct wire *w, const struct perf_opts *o)
 	put(w, o->window, 4);
 	put(w, o->verify, 1);
 	put(w, o->heap_dst, 1);
+	put(w, o->no_request, 1);
 	put(w, (uint64_t)o->timeout_ms, 4);
 	put(w, (uint64_t)o->nsizes, 4);
 	for (int i = 0; i < o->nsizes; i++)
@@ -308,6 +324,7 @@ static int take_plan(struct wire *w, struct perf_opts *o)
 	o->window = (unsigned)get(w, 4);
 	o->verify = get(w, 1) != 0;
 	o->heap_dst = get(w, 1) != 0;
+	o->no_request = (unsigned)get(w, 1);
 	o->timeout_ms = (int)get(w, 4);
 	o->nsizes = (int)get(w, 4);
 	if (o->nsizes <= 0 || o->nsizes > PERF_MAX_SIZES)

@@ -144,6 +144,21 @@ TFAB_EXPORT int tfab_recv_into(struct tfab_context *ctx, struct tfab_peer *peer,
 			       void *arg);
 
 /*
+ * No-request mode for key from peer: a receive of (key, N) into a library tensor (dest NULL),
+ * once the key's meta-data is cached, keeps requests standing for steps N+1 .. N+depth (fewer
+ * where they would hold more than an eighth of TFAB_POOL_CACHE), so
+ * the sender writes each of those tensors as soon as it is sent, and the receive of such a
+ * step finds it landed, or landing. Receives are expected step after step: one of a step
+ * below those standing cancels them. A changed meta-data costs the usual round trip; step
+ * cleanup, abort and the peer's end cancel what stands. A send's completion (the receiver's
+ * verdict) then waits for a control write to ride on: up to depth/2 receives later, or
+ * TFAB_NO_REQUEST_TAKEN_US. depth 0 turns it off for the key; TFAB_NO_REQUEST sets the
+ * depth of every key not named here. At most 1024; -EINVAL otherwise.
+ */
+TFAB_EXPORT int tfab_recv_ahead(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+				unsigned depth);
+
+/*
  * A blocking receive on top: waits at most timeout_ms (driving progress itself unless the
  * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the tensor cb would
  * get (with dest, a view of it); with tensor_p NULL the library releases it. It may be called
@@ -191,6 +206,8 @@ struct tfab_stats {
 	uint64_t writes_credit;	 /* credit returns */
 	uint64_t meta_evictions; /* meta-data cache entries dropped for TFAB_META_CACHE_ENTRIES */
 	uint64_t bytes_ctrl;	 /* bytes of the control writes (writes_ctrl) */
+	uint64_t requests_ahead; /* requests posted ahead of their receives (no-request mode) */
+	uint64_t ahead_taken;	 /* receives that found theirs posted ahead */
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

@@ -53,7 +53,8 @@ struct tfab_meta_entry {
 	struct tfab_list lru;	/* ctx->meta_lru: the least recently used first */
 	struct tfab_peer *peer;
 	struct tfab_wire_meta meta;
-	uint32_t key_index; /* the name we announced to the peer for it, or 0 (key_index.c) */
+	uint32_t key_index;	/* the name we announced to the peer for it, or 0 (key_index.c) */
+	struct tfab_list ahead; /* its standing requests (no-request mode), by step */
 	uint16_t key_len;
 	char key[];
 };
@@ -118,6 +119,13 @@ struct tfab_peer {
 	uint32_t ntaken, taken_cap;
 	uint64_t taken_gen;
 	/*
+	 * All of them are for requests posted ahead (no-request mode): they wait for a control
+	 * write that goes anyway, at the latest until taken_due_ns.
+	 */
+	bool taken_lazy;
+	uint64_t taken_due_ns;
+	struct tfab_htable ahead_keys; /* struct tfab_ahead_key by key (tfab_recv_ahead) */
+	/*
 	 * Key indexes (key_index.c): the last we announced, ours retired and not yet told, and
 	 * the names the peer announced (struct tfab_key_name by index).
 	 */
@@ -132,6 +140,7 @@ struct tfab_peer {
 
 enum tfab_req_state {
 	TFAB_REQ_REQUESTED = 1, /* a request is out; content or meta-data will come */
+	TFAB_REQ_LANDED,	/* standing, and its content landed: it waits for its receive */
 	TFAB_REQ_DONE,
 };
 
@@ -174,6 +183,13 @@ struct tfab_request {
 	struct tfab_string_tensor *sout;
 	void *arg;
 	struct tfab_sync_wait *sync; /* a blocking receive's waiter, until the request ends */
+	/*
+	 * Posted ahead (no-request mode): standing while no receive owns it yet, on its key's
+	 * meta-data entry (ahead_link); its TAKEN waits for a write that goes anyway.
+	 */
+	bool standing;
+	bool lazy_taken;
+	struct tfab_list ahead_link;
 	/* The large members last: a new request zeroes only what comes before them. */
 	struct tfab_wire_meta meta; /* what the destination was sized for */
 	char key[TFAB_MAX_KEY + 1];
@@ -340,8 +356,13 @@ int tfab__peer_write_status(struct tfab_peer *peer, int status);
 void tfab__peer_write_failed(struct tfab_peer *peer, int status);
 void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
-/* Our receive of the peer's request completed: a TAKEN tells the peer (peers_flush sends it). */
-int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index);
+/*
+ * Our receive of the peer's request completed: a TAKEN tells the peer (peers_flush sends it).
+ * lazy: it may wait for a control write that goes anyway, TFAB_NO_REQUEST_TAKEN_US at most.
+ */
+int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index, bool lazy);
+/* Queue m behind the messages waiting: the next flush writes them, several to a slot. */
+int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 /*
  * Writes what waits for credit, TAKEN messages and credit returns. hold_new: TAKEN messages
  * for receives this progress call completed wait for the next flush (progress's own: the
@@ -373,6 +394,11 @@ int tfab__key_index_resolve(struct tfab_peer *peer, struct tfab_wire_msg *m);
 void tfab__key_index_on_retire(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__key_index_free(struct tfab_peer *peer);
 
+/* ahead.c */
+/* How many requests receives of the key from peer keep standing ahead (0: none). */
+unsigned tfab__ahead_depth(struct tfab_peer *peer, const char *key, uint16_t key_len);
+void tfab__ahead_free(struct tfab_peer *peer);
+
 /* strings.c */
 /* The destination a string tensor last nbytes long gets: TFAB_STRINGS_HEADROOM more. */
 uint64_t tfab__strings_capacity(const struct tfab_context *ctx, uint64_t nbytes);
@@ -400,6 +426,8 @@ void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t le
 void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender);
 void tfab__request_release(struct tfab_request *r);
+/* e leaves the cache: its standing requests are cancelled. */
+void tfab__ahead_drop(struct tfab_meta_entry *e);
 
 /* send.c */
 void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m);

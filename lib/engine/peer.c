@@ -130,6 +130,7 @@ void tfab__peer_free(struct tfab_peer *peer)
 	}
 	tfab__htable_fini(&peer->answers); /* its entries belong to sends and parked requests */
 	tfab__key_index_free(peer);
+	tfab__ahead_free(peer);
 	free(peer->taken);
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
@@ -566,7 +567,6 @@ static uint8_t *slot_src(struct tfab_peer *peer)
 
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
-	struct tfab_pending_msg *pm;
 	size_t len;
 	int rc;
 
@@ -587,12 +587,22 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 			return rc;
 		/* back-pressure: queue the encoded bytes below */
 	}
+	return tfab__peer_queue_msg(peer, m);
+}
+
+int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
 	/*
 	 * Queued at its encoded size (tens of bytes, not a slot): a step's requests can queue by
 	 * the thousand behind the credit window, and how many do depends on timing.
 	 */
 	uint8_t buf[SLOT_SIZE];
+	struct tfab_pending_msg *pm;
+	size_t len;
+	int rc;
 
+	if (peer->failed)
+		return peer->failed;
 	rc = tfab__wire_msg_encode(m, buf, SLOT_SIZE, &len);
 	if (rc)
 		return rc;
@@ -602,8 +612,7 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	memcpy(pm->bytes, buf, len);
 	pm->len = len;
 	tfab__list_add_tail(&peer->pending, &pm->link);
-	TFAB_TRACE(SUBSYS, "peer %u: message of type %u queued (no credit or slot yet)", peer->id,
-		   m->type);
+	TFAB_TRACE(SUBSYS, "peer %u: message of type %u queued", peer->id, m->type);
 	return 0;
 }
 
@@ -683,7 +692,7 @@ static void peer_flush(struct tfab_peer *peer)
 	}
 }
 
-int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index)
+int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index, bool lazy)
 {
 	if (peer->ntaken == peer->taken_cap) {
 		uint32_t cap = peer->taken_cap ? peer->taken_cap * 2 : 64;
@@ -694,8 +703,14 @@ int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index)
 		peer->taken = t;
 		peer->taken_cap = cap;
 	}
-	if (!peer->ntaken)
+	if (!peer->ntaken) {
 		peer->taken_gen = peer->ctx->progress_gen;
+		peer->taken_lazy = lazy;
+		if (lazy)
+			peer->taken_due_ns =
+			    tfab__now_ns() + (uint64_t)peer->ctx->cfg.ahead_taken_us * 1000;
+	}
+	peer->taken_lazy &= lazy;
 	peer->taken[peer->ntaken++] = req_index;
 	return 0;
 }
@@ -766,6 +781,16 @@ static void peer_return_credits(struct tfab_peer *peer)
 	}
 }
 
+/*
+ * Whether the TAKEN indexes waiting may wait longer: all of them are lazy (receives posted
+ * ahead, whose senders expect no prompt verdict), fewer than a message's worth, and not due.
+ */
+static bool taken_waits(const struct tfab_peer *peer)
+{
+	return peer->taken_lazy && peer->ntaken < TFAB_WIRE_MAX_TAKEN &&
+	       tfab__now_ns() < peer->taken_due_ns;
+}
+
 void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 {
 	struct tfab_list *l, *t;
@@ -778,7 +803,7 @@ void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 			tfab__key_index_flush(peer);
 		peer_flush(peer);
 		if (peer->ntaken && peer->connected &&
-		    !(hold_new && peer->taken_gen == ctx->progress_gen))
+		    !(hold_new && peer->taken_gen == ctx->progress_gen) && !taken_waits(peer))
 			peer_send_taken(peer);
 		peer_return_credits(peer);
 	}
@@ -939,7 +964,11 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 	 * Worth a warning only where something of the application's fails with it: a peer that
 	 * leaves (or is destroyed) with nothing pending is news, not trouble.
 	 */
-	tfab_list_for_each_safe(l, t, &peer->requests) recvs++;
+	tfab_list_for_each_safe(l, t, &peer->requests)
+	{
+		/* requests posted ahead that no receive owns yet are the library's own */
+		recvs += !tfab_container_of(l, struct tfab_request, link)->standing;
+	}
 	sends = tfab__sends_bound(ctx, peer);
 	if (status != -TFAB_ERR_ABORTED && (recvs || sends))
 		TFAB_WARN(SUBSYS, "peer %u failed: %s; %u receives and %u sends with it fail",
@@ -1036,6 +1065,7 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 	e = malloc(sizeof(*e) + key_len);
 	if (!e)
 		return -ENOMEM;
+	tfab__list_init(&e->ahead);
 	e->meta = *meta;
 	e->key_index = 0;
 	e->key_len = key_len;
@@ -1052,6 +1082,7 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 		struct tfab_meta_entry *old =
 		    tfab_container_of(ctx->meta_lru.next, struct tfab_meta_entry, lru);
 
+		tfab__ahead_drop(old);
 		tfab__htable_remove(&old->peer->meta, &old->node);
 		tfab__list_del(&old->lru);
 		tfab__key_index_drop(old->peer, old);

@@ -116,6 +116,8 @@ static void request_done(struct tfab_request *r, int status)
 	r->state = TFAB_REQ_DONE;
 	r->status = status;
 	tfab__list_del(&r->link);
+	tfab__list_del(&r->ahead_link); /* standing, it leaves its key's */
+	tfab__list_init(&r->ahead_link);
 	index_free(ctx, r);
 	if (r->sync) {
 		/* The waiter takes the result here: it depends on no thread delivering callbacks. */
@@ -138,7 +140,8 @@ static void request_done(struct tfab_request *r, int status)
 
 void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 {
-	bool exposed = r->dest_mr != NULL;
+	/* Content that landed is all the sender writes: only a waiting destination is exposed. */
+	bool exposed = r->dest_mr != NULL && r->state == TFAB_REQ_REQUESTED;
 
 	if (r->state == TFAB_REQ_DONE)
 		return;
@@ -259,8 +262,12 @@ static int dest_prepare(struct tfab_request *r)
 	return 0;
 }
 
-/* e: the key's meta-data entry, or NULL (then the request names the key in full). */
-static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta_entry *e)
+/*
+ * e: the key's meta-data entry, or NULL (then the request names the key in full). queue: it
+ * waits for the next flush, which writes it with the others queued.
+ */
+static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta_entry *e,
+			bool queue)
 {
 	int rc;
 
@@ -287,7 +294,7 @@ static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta
 		m.dest_capacity = r->dest_cap;
 	}
 	tfab__key_index_request(r->peer, e, &m);
-	rc = tfab__peer_send_msg(r->peer, &m);
+	rc = queue ? tfab__peer_queue_msg(r->peer, &m) : tfab__peer_send_msg(r->peer, &m);
 	if (rc && m.key_len && (m.flags & TFAB_MSGF_KEY_INDEX))
 		e->key_index = 0; /* not announced after all */
 	return rc;
@@ -316,21 +323,16 @@ static void request_answered(struct tfab_request *r, int status)
 	request_done(r, status);
 }
 
-static void request_complete(struct tfab_request *r, uint64_t nbytes)
+/* The receive takes what landed for r: the sender's verdict, and r's result. */
+static void request_take(struct tfab_request *r, uint64_t nbytes)
 {
 	struct tfab_context *ctx = r->ctx;
-	struct tfab_meta_entry *e = tfab__peer_meta_find(r->peer, r->key, r->key_len);
 	bool queued;
 	int rc;
 
-	/* A caller's layout the sender confirmed by writing is the key's meta-data now. */
-	if (!e || !tfab__wire_meta_equal(&e->meta, &r->meta))
-		tfab__peer_meta_store(r->peer, r->key, r->key_len, &r->meta);
-
-	ctx->stats.bytes_received += nbytes;
 	r->is_dead = r->meta.is_dead;
 	/* The verdict first: past this point the receive cannot fail for want of room for it. */
-	rc = tfab__peer_taken(r->peer, r->index);
+	rc = tfab__peer_taken(r->peer, r->index, r->lazy_taken);
 	queued = rc == 0;
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "receive of '%s': no memory for its verdict", r->key);
@@ -371,6 +373,25 @@ static void request_complete(struct tfab_request *r, uint64_t nbytes)
 	request_answered(r, rc);
 }
 
+/* r's content (or its absence) landed: its receive takes it, or, standing, waits for one. */
+static void request_complete(struct tfab_request *r, uint64_t nbytes)
+{
+	struct tfab_meta_entry *e = tfab__peer_meta_find(r->peer, r->key, r->key_len);
+
+	/* A caller's layout the sender confirmed by writing is the key's meta-data now. */
+	if (!e || !tfab__wire_meta_equal(&e->meta, &r->meta)) {
+		tfab__peer_meta_store(r->peer, r->key, r->key_len, &r->meta);
+		if (r->state == TFAB_REQ_DONE)
+			return; /* an eviction's cancel failed the peer, and r with it */
+	}
+	r->ctx->stats.bytes_received += nbytes;
+	if (r->standing) {
+		r->state = TFAB_REQ_LANDED;
+		return;
+	}
+	request_take(r, nbytes);
+}
+
 void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len)
 {
 	struct tfab_request *r = request_find(ctx, index);
@@ -403,6 +424,31 @@ void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t le
 	request_complete(r, r->meta.nbytes);
 }
 
+/*
+ * The key's meta-data changed to meta at r's step: the requests standing for later steps
+ * were sized for the old one. They are cancelled, for the next receive to post anew, rather
+ * than each costing the sender a META_DATA reply.
+ */
+static void ahead_stale(struct tfab_request *r, const struct tfab_wire_meta *meta)
+{
+	struct tfab_meta_entry *e = tfab__peer_meta_find(r->peer, r->key, r->key_len);
+	struct tfab_list *l, *t;
+
+	if (!e)
+		return;
+	tfab_list_for_each_safe(l, t, &e->ahead)
+	{
+		struct tfab_request *s = tfab_container_of(l, struct tfab_request, ahead_link);
+
+		if (s != r && s->step > r->step && s->state == TFAB_REQ_REQUESTED &&
+		    !tfab__wire_meta_equal(&s->meta, meta)) {
+			tfab__request_fail(s, -ECANCELED, true);
+			if (r->peer->failed)
+				return;
+		}
+	}
+}
+
 void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
 	struct tfab_request *r = request_find(peer->ctx, m->req_index);
@@ -430,10 +476,15 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		return;
 	}
 	rc = tfab__peer_meta_store(peer, r->key, r->key_len, &m->meta);
+	if (r->state == TFAB_REQ_DONE)
+		return; /* an eviction's cancel failed the peer, and r with it */
 	if (rc) {
 		tfab__request_fail(r, rc, true);
 		return;
 	}
+	ahead_stale(r, &m->meta);
+	if (r->state == TFAB_REQ_DONE)
+		return;		/* a cancel failed the peer, and r with it */
 	dest_release(r, false); /* the sender does not write into a mismatched destination */
 	r->meta = m->meta;
 	r->meta_valid = true;
@@ -447,12 +498,171 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		return;
 	}
 	if (rc == 0)
-		rc = request_send(r, true, tfab__peer_meta_find(peer, r->key, r->key_len));
+		rc = request_send(r, true, tfab__peer_meta_find(peer, r->key, r->key_len), false);
 	if (rc)
 		tfab__request_fail(r, rc, true);
 }
 
-/* Start a receive: the request and its first TENSOR_REQUEST. */
+/* A new request of (key, step) from peer, with its index: the rest is the caller's to fill. */
+static int request_new(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		       uint16_t key_len, int64_t step, struct tfab_request **r_p)
+{
+	struct tfab_request *r = malloc(sizeof(*r));
+	int rc;
+
+	if (!r)
+		return -ENOMEM;
+	memset(r, 0, offsetof(struct tfab_request, meta));
+	r->ctx = ctx;
+	r->peer = peer;
+	r->step = step;
+	r->key_len = key_len;
+	memcpy(r->key, key, key_len);
+	r->key[key_len] = '\0';
+	r->state = TFAB_REQ_REQUESTED;
+	tfab__list_init(&r->link);
+	tfab__list_init(&r->done_link);
+	tfab__list_init(&r->ahead_link);
+	rc = index_alloc(ctx, r);
+	if (rc) {
+		free(r);
+		return rc;
+	}
+	*r_p = r;
+	return 0;
+}
+
+/* A request that never went: its destination and index back. */
+static void request_discard(struct tfab_request *r)
+{
+	dest_release(r, false);
+	index_free(r->ctx, r);
+	free(r);
+}
+
+/*
+ * No-request mode (doc/design.md): requests posted ahead of their receives, standing on the
+ * key's meta-data entry until a receive of their step takes one over.
+ */
+
+/* Post a standing request for step of e's key, sized from e, queued for the next flush. */
+static int ahead_post(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t step)
+{
+	struct tfab_request *r;
+	int rc = request_new(peer->ctx, peer, e->key, e->key_len, step, &r);
+
+	if (rc)
+		return rc;
+	r->standing = true;
+	r->lazy_taken = true;
+	r->meta = e->meta;
+	r->meta_valid = true;
+	rc = dest_prepare(r);
+	if (rc == 0)
+		rc = request_send(r, false, e, true);
+	if (rc) {
+		request_discard(r);
+		return rc;
+	}
+	tfab__list_add_tail(&peer->requests, &r->link);
+	tfab__list_add_tail(&e->ahead, &r->ahead_link);
+	peer->ctx->stats.requests_ahead++;
+	return 0;
+}
+
+/*
+ * A receive of step came for e's key: the standing request of that step, if a receive into
+ * a library tensor (take) may have it, else NULL. Those of earlier steps (skipped), and one
+ * of this step that the receive cannot take, are cancelled.
+ */
+static struct tfab_request *ahead_find(struct tfab_peer *peer, struct tfab_meta_entry *e,
+				       int64_t step, bool take)
+{
+	struct tfab_list *l, *t;
+
+	tfab_list_for_each_safe(l, t, &e->ahead)
+	{
+		struct tfab_request *s = tfab_container_of(l, struct tfab_request, ahead_link);
+
+		if (s->step > step)
+			break; /* posted in step order */
+		if (s->step == step && take)
+			return s;
+		tfab__request_fail(s, -ECANCELED, true);
+		if (peer->failed)
+			return NULL;
+	}
+	return NULL;
+}
+
+/*
+ * After a receive of step: keep depth requests standing beyond it (fewer for large tensors),
+ * posting the next half of them at once when half have been taken (one control write for
+ * them all, the waiting TAKEN indexes riding on it). What cannot be posted leaves its receive
+ * to request as usual.
+ */
+static void ahead_refill(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t step,
+			 unsigned depth)
+{
+	uint64_t room = peer->ctx->cfg.pool_cache / 8, nbytes = e->meta.nbytes;
+	int64_t last = step;
+	unsigned n = 0;
+	struct tfab_list *l;
+
+	/* What stands for one key holds at most an eighth of the pool's cache: at least one. */
+	if (nbytes && depth > room / nbytes)
+		depth = room / nbytes ? (unsigned)(room / nbytes) : 1;
+
+	for (l = e->ahead.next; l != &e->ahead; l = l->next) {
+		int64_t k = tfab_container_of(l, struct tfab_request, ahead_link)->step;
+
+		n += k > step;
+		last = k > last ? k : last;
+	}
+	if (n > depth / 2)
+		return;
+	for (int64_t k = last + 1; k <= step + (int64_t)depth; k++) {
+		int rc = ahead_post(peer, e, k);
+
+		if (rc) {
+			TFAB_DEBUG(SUBSYS, "'%.*s' step %lld from peer %u: not requested ahead: %s",
+				   (int)e->key_len, e->key, (long long)k, peer->id,
+				   tfab_strerror(rc));
+			break;
+		}
+	}
+}
+
+/* A receive takes over the standing request r: its owner now, and the tensor if it landed. */
+static void ahead_adopt(struct tfab_request *r, const struct tfab_recv_args *a,
+			struct tfab_sync_wait *sync)
+{
+	struct tfab_context *ctx = r->ctx;
+
+	tfab__list_del(&r->ahead_link);
+	tfab__list_init(&r->ahead_link);
+	r->standing = false;
+	r->cb = a->cb;
+	r->arg = a->arg;
+	r->sync = sync;
+	ctx->stats.meta_hits++;
+	ctx->stats.ahead_taken++;
+	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u: request %#x, posted ahead%s",
+		   r->key, (long long)r->step, r->peer->id, r->index,
+		   r->state == TFAB_REQ_LANDED ? ", landed" : "");
+	if (r->state == TFAB_REQ_LANDED)
+		request_take(r, r->meta.nbytes);
+}
+
+void tfab__ahead_drop(struct tfab_meta_entry *e)
+{
+	while (!tfab__list_empty(&e->ahead))
+		tfab__request_fail(
+		    tfab_container_of(e->ahead.next, struct tfab_request, ahead_link), -ECANCELED,
+		    true);
+}
+
+/* Start a receive: the request and its first TENSOR_REQUEST, or the one posted ahead. */
 static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 		      int64_t step, const struct tfab_recv_args *a, struct tfab_sync_wait *sync,
 		      struct tfab_request **r_p)
@@ -461,6 +671,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	struct tfab_request *r;
 	struct tfab_wire_meta um;
 	size_t key_len;
+	unsigned depth = 0;
 	void *data;
 	int rc;
 
@@ -482,16 +693,27 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		return ctx->abort_status;
 	if (peer->failed)
 		return peer->failed;
-	r = malloc(sizeof(*r));
-	if (!r)
-		return -ENOMEM;
-	memset(r, 0, offsetof(struct tfab_request, meta));
-	r->ctx = ctx;
-	r->peer = peer;
-	r->step = step;
-	r->key_len = (uint16_t)key_len;
-	memcpy(r->key, key, key_len);
-	r->key[key_len] = '\0';
+	e = tfab__peer_meta_find(peer, key, (uint16_t)key_len);
+	if (e && !tfab__list_empty(&e->ahead)) {
+		/* Only a receive into a library tensor takes what was posted ahead. */
+		r = ahead_find(peer, e, step, !a->dest && !a->strings);
+		if (peer->failed)
+			return peer->failed;
+		if (r) {
+			ahead_adopt(r, a, sync);
+			ahead_refill(peer, e, step,
+				     tfab__ahead_depth(peer, key, (uint16_t)key_len));
+			if (r_p)
+				*r_p = r;
+			return 0;
+		}
+	}
+	/* A key that changed kind is a miss: never size a string for a DLPack receive. */
+	if (e && (e->meta.dtype_code == TFAB_WIRE_DTYPE_STRING) != a->strings)
+		e = NULL;
+	rc = request_new(ctx, peer, key, (uint16_t)key_len, step, &r);
+	if (rc)
+		return rc;
 	r->user_dest = a->dest;
 	r->flags = a->flags;
 	r->cb = a->cb;
@@ -499,22 +721,12 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	r->strings = a->strings;
 	r->arg = a->arg;
 	r->sync = sync;
-	r->state = TFAB_REQ_REQUESTED;
-	tfab__list_init(&r->link);
-	tfab__list_init(&r->done_link);
-	rc = index_alloc(ctx, r);
-	if (rc) {
-		free(r);
-		return rc;
-	}
-	e = tfab__peer_meta_find(peer, key, (uint16_t)key_len);
-	/* A key that changed kind is a miss: never size a string for a DLPack receive. */
-	if (e && (e->meta.dtype_code == TFAB_WIRE_DTYPE_STRING) != r->strings)
-		e = NULL;
 	if (e) {
 		ctx->stats.meta_hits++;
 		r->meta = e->meta;
 		r->meta_valid = true;
+		if (!a->dest && !a->strings)
+			depth = tfab__ahead_depth(peer, key, (uint16_t)key_len);
 	} else {
 		ctx->stats.meta_misses++;
 		memset(&r->meta, 0, sizeof(r->meta));
@@ -532,17 +744,17 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	}
 	rc = r->meta_valid ? dest_prepare(r) : 0;
 	if (rc == 0)
-		rc = request_send(r, false, e);
+		rc = request_send(r, false, e, false);
 	if (rc) {
-		dest_release(r, false);
-		index_free(ctx, r);
-		free(r);
+		request_discard(r);
 		return rc;
 	}
 	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u: request %#x%s", r->key,
 		   (long long)step, peer->id, r->index,
 		   r->meta_valid ? "" : " (no meta-data cached: a META_DATA reply first)");
 	tfab__list_add_tail(&peer->requests, &r->link);
+	if (depth)
+		ahead_refill(peer, e, step, depth);
 	if (r_p)
 		*r_p = r;
 	return 0;

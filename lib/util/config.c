@@ -223,6 +223,15 @@ static const struct tfab_config_entry table[] = {
      "1 answers a request for an empty or dead tensor whose meta-data the receiver has cached "
      "with a zero-byte write; 0 with a META_DATA message, as for a changed tensor",
      FIELD(empty_write), &parser_uint, 0, 1},
+    {"TFAB_NO_REQUEST", "0",
+     "No-request mode for every key (tfab_recv_ahead sets it per key): a receive of step N "
+     "whose meta-data is cached, into a library tensor, keeps requests standing for steps N+1 "
+     "to N+this many, so the sender writes each at once; 0 requests each step when it is received",
+     FIELD(no_request), &parser_uint, 0, 1024},
+    {"TFAB_NO_REQUEST_TAKEN_US", "200",
+     "Microseconds at most that the verdict (TAKEN) of a receive posted ahead waits for a "
+     "control write to ride on: the sender's completion of such a send can lag by this much",
+     FIELD(ahead_taken_us), &parser_uint, 0, 1000000},
     {"TFAB_META_CACHE_ENTRIES", "65536",
      "Keys whose meta-data a context keeps (all peers together) before the least recently used "
      "go; a key that went costs its next receive a META_DATA round trip",

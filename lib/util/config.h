@@ -36,6 +36,8 @@ struct tfab_config {
 	unsigned key_index;	     /* TFAB_KEY_INDEX */
 	unsigned strings_headroom;   /* TFAB_STRINGS_HEADROOM */
 	unsigned empty_write;	     /* TFAB_EMPTY_WRITE */
+	unsigned no_request;	     /* TFAB_NO_REQUEST */
+	unsigned ahead_taken_us;     /* TFAB_NO_REQUEST_TAKEN_US */
 	unsigned meta_cache_entries; /* TFAB_META_CACHE_ENTRIES */
 	unsigned mr_cache_entries;   /* TFAB_MR_CACHE_ENTRIES */
 	unsigned pool_cache;	     /* TFAB_POOL_CACHE */

@@ -141,6 +141,7 @@ want = {
     "--provider": "(default: TFAB_PROVIDER from the environment, else auto)",
     "--verify": "(default off)",
     "--heap-dst": "(default off)",
+    "--no-request": "(default off)",
     "--device": "cpu (default)",
     "--timeout": "(default 120000)",
     "--json": "(default: a table)",

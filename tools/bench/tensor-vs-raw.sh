@@ -8,6 +8,7 @@
 #
 # usage: tools/bench/tensor-vs-raw.sh [BUILD_DIR] [SIZES] [REPS]   (PROVIDERS="shm ofi:tcp")
 # PROVIDERS holds TFAB_PROVIDER values: shm is the native backend, ofi:NAME libfabric's NAME.
+# ARGS adds tfab-perf options to every run, e.g. ARGS="--no-request=32 -w 64".
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -20,8 +21,9 @@ for p in $providers; do
 	for r in $(seq 1 "$reps"); do
 		fi=()
 		[[ $p == ofi:* ]] && fi=(FI_PROVIDER="${p#ofi:}")
-		[ "$r" = 1 ] && echo "run: ${fi[*]} $build/tools/tfab-perf all -p $p -s $sizes --json" >&2
-		if ! env "${fi[@]}" "$build/tools/tfab-perf" all -p "$p" -s "$sizes" \
+		[ "$r" = 1 ] && echo "run: ${fi[*]} $build/tools/tfab-perf all -p $p -s $sizes ${ARGS:-} --json" >&2
+		# shellcheck disable=SC2086 # ARGS is a list of options
+		if ! env "${fi[@]}" "$build/tools/tfab-perf" all -p "$p" -s "$sizes" ${ARGS:-} \
 			--json | sed "s/^/$p $r /" >>"$out"; then
 			echo "tensor-vs-raw: a run failed ($p, run $r)" >&2
 			exit 1
