@@ -371,6 +371,106 @@ static int sc_key_index(struct mp *mp)
 	return 0;
 }
 
+/* A key of about 300 bytes, so that requests name it by index once they may. */
+static void long_key(char *key, size_t len, const char *name)
+{
+	memset(key, 'r', 300);
+	snprintf(key + 300, len - 300, "/%s", name);
+}
+
+/* Send (key, step) of 32 floats from seed and wait until the receive took it. */
+static int send_one(struct mp *mp, struct tfab_context *ctx, const char *key, int64_t step,
+		    uint64_t seed)
+{
+	int64_t shape[1] = {32};
+	struct tensor t;
+	struct done d = {0};
+	struct mp_watch w;
+
+	tensor_make(&t, f32, 1, shape);
+	tensor_fill(&t, seed);
+	CHECK_RC(tfab_send(ctx, key, step, &t.dl, false, on_sent, &d), 0);
+	mp_watch_start(&w, mp, ctx, "a send on the reconnected pair", 0);
+	while (done_n(&d) < 1) {
+		tfab_progress(ctx);
+		CHECK(!mp_watch_stalled(&w, done_n(&d)));
+	}
+	CHECK(d.errors == 0);
+	tensor_free(&t);
+	return 0;
+}
+
+/*
+ * Key indexes across a reconnect, on a pair of contexts of its own: on the first connection
+ * key A is fetched three times (its index announced and used); the sender then leaves and
+ * connects again, and on the new connection key B is fetched first, then A. Indexes start
+ * anew per connection, so B's index is the one A had: the sender must resolve it to B
+ * (every tensor is checked against its key's pattern), and hold only the names of the
+ * connection it is on.
+ */
+static int sc_key_index_reconnect(struct mp *mp)
+{
+	static const struct {
+		int conn;
+		const char *name;
+		uint64_t seed;
+	} plan[] = {{0, "A", 1},  {0, "A", 2},	{0, "A", 3}, {1, "B", 11},
+		    {1, "B", 12}, {1, "B", 13}, {1, "A", 4}, {1, "A", 5}};
+	enum { N = sizeof(plan) / sizeof(plan[0]) };
+	struct tfab_context *ctx;
+	struct tfab_peer *peer = NULL;
+	char key[320];
+	unsigned port;
+
+	CHECK_RC(tfab_context_create(&ctx), 0);
+	if (mp->rank == 0) {
+		uint16_t p16;
+
+		CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+		CHECK_RC(mp_put(mp, "kr_port", p16), 0);
+		for (int i = 0; i < N; i++) {
+			DLManagedTensor *m = NULL;
+
+			if (i == 0 || plan[i].conn != plan[i - 1].conn)
+				CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+			long_key(key, sizeof(key), plan[i].name);
+			CHECK_RC(tfab_recv_sync(ctx, peer, key, i, NULL, WAIT_MS, &m, NULL), 0);
+			CHECK(m && m->dl_tensor.shape[0] == 32);
+			if (!bytes_match(m->dl_tensor.data, 128, plan[i].seed))
+				fprintf(
+				    stderr,
+				    "rank 0: fetch %d ('%s' on connection %d) is not its key's\n",
+				    i, plan[i].name, plan[i].conn);
+			CHECK(bytes_match(m->dl_tensor.data, 128, plan[i].seed));
+			m->deleter(m);
+		}
+		CHECK_RC(mp_note(mp, "kr_done"), 0);
+		CHECK_RC(mp_wait_note(mp, 1, "kr_left", WAIT_MS), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		return 0;
+	}
+	CHECK_RC(mp_get(mp, 0, "kr_port", &port), 0);
+	for (int i = 0; i < N; i++) {
+		if (i == 0 || plan[i].conn != plan[i - 1].conn) {
+			if (peer) {
+				/* the names of the first connection: A's alone */
+				CHECK(peer->key_names.count == 1);
+				CHECK_RC(tfab_peer_destroy(peer), 0);
+			}
+			CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+			CHECK(peer->key_names.count == 0);
+		}
+		long_key(key, sizeof(key), plan[i].name);
+		CHECK(send_one(mp, ctx, key, i, plan[i].seed) == 0);
+	}
+	CHECK(peer->key_names.count == 2); /* B's and A's, announced anew */
+	CHECK_RC(mp_wait_note(mp, 0, "kr_done", WAIT_MS), 0);
+	CHECK_RC(tfab_peer_destroy(peer), 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK_RC(mp_note(mp, "kr_left"), 0);
+	return 0;
+}
+
 /*
  * Key indexes retired: KEYS keys, each fetched twice in a row (the second request announces
  * its index), in two rounds. With the meta-data cache bounded (TFAB_META_CACHE_ENTRIES, 256
@@ -2821,6 +2921,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "meta_change", .nranks = 2, .fn = sc_meta_change},
     {.name = "key_index", .nranks = 2, .fn = sc_key_index},
     {.name = "key_index_evict", .nranks = 2, .fn = sc_key_index_evict},
+    {.name = "key_index_reconnect", .nranks = 2, .fn = sc_key_index_reconnect},
     {.name = "empty_cached", .nranks = 2, .fn = sc_empty_cached},
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
