@@ -86,15 +86,5 @@ int tfab_recv_ahead(struct tfab_context *ctx, struct tfab_peer *peer, const char
 
 void tfab__ahead_free(struct tfab_peer *peer)
 {
-	if (!peer->ahead_keys.buckets)
-		return;
-	for (size_t i = 0; i < peer->ahead_keys.nbuckets; i++) {
-		struct tfab_hnode *n = peer->ahead_keys.buckets[i], *next;
-
-		for (; n; n = next) {
-			next = n->next;
-			free(tfab_container_of(n, struct tfab_ahead_key, node));
-		}
-	}
-	tfab__htable_fini(&peer->ahead_keys);
+	tfab__htable_fini_free(&peer->ahead_keys); /* node is each key's first member */
 }

@@ -167,16 +167,6 @@ void tfab__key_index_on_retire(struct tfab_peer *peer, const struct tfab_wire_ms
 
 void tfab__key_index_free(struct tfab_peer *peer)
 {
-	if (peer->key_names.buckets) {
-		for (size_t i = 0; i < peer->key_names.nbuckets; i++) {
-			struct tfab_hnode *n = peer->key_names.buckets[i], *next;
-
-			for (; n; n = next) {
-				next = n->next;
-				free(tfab_container_of(n, struct tfab_key_name, node));
-			}
-		}
-		tfab__htable_fini(&peer->key_names);
-	}
+	tfab__htable_fini_free(&peer->key_names); /* node is each name's first member */
 	free(peer->retired);
 }

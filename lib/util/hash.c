@@ -25,6 +25,19 @@ void tfab__htable_fini(struct tfab_htable *t)
 	t->nbuckets = t->count = 0;
 }
 
+void tfab__htable_fini_free(struct tfab_htable *t)
+{
+	for (size_t i = 0; t->buckets && i < t->nbuckets; i++) {
+		struct tfab_hnode *n = t->buckets[i], *next;
+
+		for (; n; n = next) {
+			next = n->next;
+			free(n);
+		}
+	}
+	tfab__htable_fini(t);
+}
+
 static void grow(struct tfab_htable *t)
 {
 	size_t n = t->nbuckets * 2;

@@ -34,6 +34,8 @@ static inline uint64_t tfab__hash_bytes(const void *p, size_t len, uint64_t seed
 
 int tfab__htable_init(struct tfab_htable *t, size_t initial);
 void tfab__htable_fini(struct tfab_htable *t);
+/* fini, first freeing every node: each must be the first member of an object from malloc. */
+void tfab__htable_fini_free(struct tfab_htable *t);
 /* Insert n under hash; -ENOMEM only if growing failed and the table is full past 8x. */
 int tfab__htable_insert(struct tfab_htable *t, struct tfab_hnode *n, uint64_t hash);
 void tfab__htable_remove(struct tfab_htable *t, struct tfab_hnode *n);
