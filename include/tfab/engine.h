@@ -146,7 +146,7 @@ TFAB_EXPORT int tfab_recv_into(struct tfab_context *ctx, struct tfab_peer *peer,
 /*
  * No-request mode for key from peer: a receive of (key, N) into a library tensor (dest NULL),
  * once the key's meta-data is cached, keeps requests standing for steps N+1 .. N+depth (fewer
- * where they would hold more than an eighth of TFAB_POOL_CACHE), so
+ * where they would hold more than 4 MiB or an eighth of TFAB_POOL_CACHE, one at least), so
  * the sender writes each of those tensors as soon as it is sent, and the receive of such a
  * step finds it landed, or landing. Receives are expected step after step: one of a step
  * below those standing cancels them. A changed meta-data costs the usual round trip; step

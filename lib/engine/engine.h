@@ -72,6 +72,12 @@ struct tfab_path {
 	uint64_t peers;				/* connected over it, ever */
 };
 
+/* A cancelled request's pool destination, until the peer's verdict (tfab__peer_hold_dest). */
+struct tfab_held_dest {
+	void *buf;
+	uint32_t seq; /* back to the pool once tx_acked reaches it */
+};
+
 struct tfab_peer {
 	struct tfab_context *ctx;
 	struct tfab_list link;	/* ctx->peers */
@@ -125,6 +131,12 @@ struct tfab_peer {
 	bool taken_lazy;
 	uint64_t taken_due_ns;
 	struct tfab_htable ahead_keys; /* struct tfab_ahead_key by key (tfab_recv_ahead) */
+	/*
+	 * Pool destinations of requests we cancelled, which the peer may still be writing
+	 * into: each held until the peer's credits show it consumed the CANCEL (tfab__peer_hold).
+	 */
+	struct tfab_held_dest *held_dests;
+	uint32_t nheld_dests, held_dests_cap;
 	/*
 	 * Key indexes (key_index.c): the last we announced, ours retired and not yet told, and
 	 * the names the peer announced (struct tfab_key_name by index).
@@ -361,6 +373,13 @@ void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
  * lazy: it may wait for a control write that goes anyway, TFAB_NO_REQUEST_TAKEN_US at most.
  */
 int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index, bool lazy);
+/*
+ * buf, the pool destination of a request just cancelled (its CANCEL sent or queued), may
+ * still be written by the peer: it goes back to the pool once the peer's credits cover the
+ * CANCEL (the peer read it, and wrote before that: writes on a connection land in order),
+ * or, with the peer, discarded. Never fails: without memory to hold it, it is discarded.
+ */
+void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf);
 /* Queue m behind the messages waiting: the next flush writes them, several to a slot. */
 int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 /*

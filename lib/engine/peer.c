@@ -131,6 +131,10 @@ void tfab__peer_free(struct tfab_peer *peer)
 	tfab__htable_fini(&peer->answers); /* its entries belong to sends and parked requests */
 	tfab__key_index_free(peer);
 	tfab__ahead_free(peer);
+	/* The peer is gone, but what it wrote last is not known to have landed: never reused. */
+	for (uint32_t i = 0; i < peer->nheld_dests; i++)
+		tfab__pool_discard(ctx->pool, peer->held_dests[i].buf);
+	free(peer->held_dests);
 	free(peer->taken);
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
@@ -783,11 +787,12 @@ static void peer_return_credits(struct tfab_peer *peer)
 
 /*
  * Whether the TAKEN indexes waiting may wait longer: all of them are lazy (receives posted
- * ahead, whose senders expect no prompt verdict), fewer than a message's worth, and not due.
+ * ahead, whose senders expect no prompt verdict), fewer than a message's worth, not due, and
+ * the context is not ending (abort, destroy).
  */
 static bool taken_waits(const struct tfab_peer *peer)
 {
-	return peer->taken_lazy && peer->ntaken < TFAB_WIRE_MAX_TAKEN &&
+	return peer->taken_lazy && peer->ntaken < TFAB_WIRE_MAX_TAKEN && !peer->ctx->abort_status &&
 	       tfab__now_ns() < peer->taken_due_ns;
 }
 
@@ -815,6 +820,47 @@ void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status)
 	slot->peer->users--;
 	if (status)
 		tfab__peer_write_failed(slot->peer, status);
+}
+
+/* Destinations held for the peer's verdict on their CANCEL. */
+
+void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf)
+{
+	struct tfab_held_dest *h;
+	uint32_t seq = peer->tx_seq;
+	struct tfab_list *l;
+
+	/* The CANCEL went in the slot before tx_seq, or waits: each queued message one slot. */
+	for (l = peer->pending.next; l != &peer->pending; l = l->next)
+		seq++;
+	if (peer->nheld_dests == peer->held_dests_cap) {
+		uint32_t cap = peer->held_dests_cap ? peer->held_dests_cap * 2 : 16;
+
+		h = realloc(peer->held_dests, cap * sizeof(*h));
+		if (!h) {
+			tfab__pool_discard(peer->ctx->pool, buf);
+			return;
+		}
+		peer->held_dests = h;
+		peer->held_dests_cap = cap;
+	}
+	peer->held_dests[peer->nheld_dests++] = (struct tfab_held_dest){.buf = buf, .seq = seq};
+}
+
+/* Credits came back: the destinations whose CANCEL they cover go back to the pool. */
+static void held_dests_release(struct tfab_peer *peer)
+{
+	uint32_t kept = 0;
+
+	for (uint32_t i = 0; i < peer->nheld_dests; i++) {
+		struct tfab_held_dest h = peer->held_dests[i];
+
+		if ((int32_t)(peer->tx_acked - h.seq) >= 0)
+			tfab__pool_free(peer->ctx->pool, h.buf);
+		else
+			peer->held_dests[kept++] = h;
+	}
+	peer->nheld_dests = kept;
 }
 
 /* Control messages in. */
@@ -875,6 +921,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 			return;
 		}
 		peer->tx_acked += low;
+		if (peer->nheld_dests)
+			held_dests_release(peer);
 		TFAB_TRACE(SUBSYS, "peer %u: %u credits back", peer->id, low);
 		return;
 	}
@@ -897,6 +945,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 		return;
 	}
 	peer->tx_acked += m.credits;
+	if (m.credits && peer->nheld_dests)
+		held_dests_release(peer);
 	peer->rx_consumed[low] = 1;
 	/* The slot's messages in order (it may hold several: protocol.md, "Message slot"). */
 	do {

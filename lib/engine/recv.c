@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #define REQ_SLOT_BITS 20
 #define REQ_SLOT_MASK ((1u << REQ_SLOT_BITS) - 1)
 #define REQ_GEN_MASK 0x7ffu
+#define AHEAD_BYTES (4u << 20) /* the most the requests standing for one key hold */
 
 static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
 {
@@ -85,14 +87,18 @@ static struct tfab_request *request_find(struct tfab_context *ctx, uint32_t inde
 	return r && r->index == index && r->state == TFAB_REQ_REQUESTED ? r : NULL;
 }
 
-/* Release the destination; discard=true when a peer may still write into it. */
+/*
+ * Release the destination; discard=true when the peer may still write into it (a request
+ * just cancelled): a pool block waits for the peer's verdict, a caller's buffer is
+ * deregistered.
+ */
 static void dest_release(struct tfab_request *r, bool discard)
 {
 	struct tfab_context *ctx = r->ctx;
 
 	if (r->dest_pool && r->dest) {
 		if (discard)
-			tfab__pool_discard(ctx->pool, r->dest);
+			tfab__peer_hold_dest(r->peer, r->dest);
 		else
 			tfab__pool_free(ctx->pool, r->dest);
 	} else if (r->dest_mr) {
@@ -609,7 +615,13 @@ static void ahead_refill(struct tfab_peer *peer, struct tfab_meta_entry *e, int6
 	unsigned n = 0;
 	struct tfab_list *l;
 
-	/* What stands for one key holds at most an eighth of the pool's cache: at least one. */
+	/*
+	 * What stands for one key holds at most AHEAD_BYTES and an eighth of the pool's cache,
+	 * and at least one tensor: a large tensor's write outlasts a request's round trip, so
+	 * one or two standing hide it, and more only spread the receiver over cold memory.
+	 */
+	if (room > AHEAD_BYTES)
+		room = AHEAD_BYTES;
 	if (nbytes && depth > room / nbytes)
 		depth = room / nbytes ? (unsigned)(room / nbytes) : 1;
 
@@ -621,8 +633,9 @@ static void ahead_refill(struct tfab_peer *peer, struct tfab_meta_entry *e, int6
 	}
 	if (n > depth / 2)
 		return;
-	for (int64_t k = last + 1; k <= step + (int64_t)depth; k++) {
-		int rc = ahead_post(peer, e, k);
+	for (unsigned i = 1; i <= depth && step <= INT64_MAX - (int64_t)i; i++) {
+		int64_t k = step + (int64_t)i;
+		int rc = k > last ? ahead_post(peer, e, k) : 0;
 
 		if (rc) {
 			TFAB_DEBUG(SUBSYS, "'%.*s' step %lld from peer %u: not requested ahead: %s",
