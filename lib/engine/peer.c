@@ -871,13 +871,35 @@ static void protocol_error(struct tfab_peer *peer, const char *what)
 	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 }
 
+/*
+ * A TENSOR_REQUEST, and with AHEAD the requests for the steps after it, each to the sender
+ * as a request of its own.
+ */
+static void on_requests(struct tfab_peer *peer, const struct tfab_wire_msg *m)
+{
+	struct tfab_wire_msg one = *m;
+
+	one.flags &= (uint16_t)~TFAB_MSGF_AHEAD;
+	one.nahead = 0;
+	tfab__send_on_request(peer, &one);
+	for (unsigned i = 0; i < m->nahead && !peer->failed; i++) {
+		struct tfab_wire_ahead a = tfab__wire_ahead_at(m, i);
+
+		one.req_index = a.req_index;
+		one.step_id = m->step_id + 1 + (int64_t)i;
+		one.dest_raddr = a.dest_raddr;
+		one.dest_rkey = a.dest_rkey;
+		tfab__send_on_request(peer, &one);
+	}
+}
+
 /* m: decoded from the slot; a request by key index gets its key filled in. */
 static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 {
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
 		if (tfab__key_index_resolve(peer, m) == 0)
-			tfab__send_on_request(peer, m);
+			on_requests(peer, m);
 		break;
 	case TFAB_MSG_RETIRE:
 		tfab__key_index_on_retire(peer, m);

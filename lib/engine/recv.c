@@ -23,6 +23,9 @@
 #define REQ_SLOT_MASK ((1u << REQ_SLOT_BITS) - 1)
 #define REQ_GEN_MASK 0x7ffu
 #define AHEAD_BYTES (4u << 20) /* the most the requests standing for one key hold */
+#define AHEAD_PER_MSG 64u      /* the most standing requests one TENSOR_REQUEST posts */
+/* The bytes of a control slot that one message of standing requests may fill. */
+#define AHEAD_SLOT (TFAB_WIRE_MIN_SLOT * 3 / 4)
 
 static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
 {
@@ -272,38 +275,62 @@ static int dest_prepare(struct tfab_request *r)
  * e: the key's meta-data entry, or NULL (then the request names the key in full). queue: it
  * waits for the next flush, which writes it with the others queued.
  */
-static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta_entry *e,
-			bool queue)
+/* Where r's content goes, as the sender sees it. */
+static struct tfab_wire_ahead request_dest(const struct tfab_request *r)
 {
-	int rc;
+	struct tfab_wire_ahead d = {.req_index = r->index};
 
+	if (r->dest_mr) {
+		d.dest_raddr =
+		    r->dest_mr->raddr + (uint64_t)((char *)r->dest - (char *)r->dest_mr->addr);
+		d.dest_rkey = r->dest_mr->rkey;
+	}
+	return d;
+}
+
+/* r's TENSOR_REQUEST, naming its key as the key index of e (if any) allows. */
+static struct tfab_wire_msg request_msg(struct tfab_request *r, struct tfab_meta_entry *e)
+{
+	struct tfab_wire_ahead d = request_dest(r);
 	struct tfab_wire_msg m = {
 	    .type = TFAB_MSG_TENSOR_REQUEST,
 	    .req_index = r->index,
 	    .step_id = r->step,
 	    .key_len = r->key_len,
 	    .key = (const uint8_t *)r->key,
+	    .dest_raddr = d.dest_raddr,
+	    .dest_rkey = d.dest_rkey,
+	    .dest_capacity = r->dest_mr ? r->dest_cap : 0,
 	};
 
 	if (r->meta_valid) {
 		m.flags |= TFAB_MSGF_META_VALID;
 		m.meta = r->meta;
 	}
+	tfab__key_index_request(r->peer, e, &m);
+	return m;
+}
+
+/* Send (or queue, for the next flush) m, which request_msg made for e's key. */
+static int request_msg_send(struct tfab_peer *peer, const struct tfab_wire_msg *m,
+			    struct tfab_meta_entry *e, bool queue)
+{
+	int rc = queue ? tfab__peer_queue_msg(peer, m) : tfab__peer_send_msg(peer, m);
+
+	if (rc && m->key_len && (m->flags & TFAB_MSGF_KEY_INDEX))
+		e->key_index = 0; /* not announced after all */
+	return rc;
+}
+
+static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta_entry *e)
+{
+	struct tfab_wire_msg m = request_msg(r, e);
+
 	if (rerequest) {
 		m.flags |= TFAB_MSGF_REREQUEST;
 		r->ctx->stats.rerequests++;
 	}
-	if (r->dest_mr) {
-		m.dest_raddr =
-		    r->dest_mr->raddr + (uint64_t)((char *)r->dest - (char *)r->dest_mr->addr);
-		m.dest_rkey = r->dest_mr->rkey;
-		m.dest_capacity = r->dest_cap;
-	}
-	tfab__key_index_request(r->peer, e, &m);
-	rc = queue ? tfab__peer_queue_msg(r->peer, &m) : tfab__peer_send_msg(r->peer, &m);
-	if (rc && m.key_len && (m.flags & TFAB_MSGF_KEY_INDEX))
-		e->key_index = 0; /* not announced after all */
-	return rc;
+	return request_msg_send(r->peer, &m, e, false);
 }
 
 /*
@@ -504,7 +531,7 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		return;
 	}
 	if (rc == 0)
-		rc = request_send(r, true, tfab__peer_meta_find(peer, r->key, r->key_len), false);
+		rc = request_send(r, true, tfab__peer_meta_find(peer, r->key, r->key_len));
 	if (rc)
 		tfab__request_fail(r, rc, true);
 }
@@ -551,8 +578,9 @@ static void request_discard(struct tfab_request *r)
  * key's meta-data entry until a receive of their step takes one over.
  */
 
-/* Post a standing request for step of e's key, sized from e, queued for the next flush. */
-static int ahead_post(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t step)
+/* A standing request for step of e's key, sized from e, not yet sent. */
+static int ahead_new(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t step,
+		     struct tfab_request **r_p)
 {
 	struct tfab_request *r;
 	int rc = request_new(peer->ctx, peer, e->key, e->key_len, step, &r);
@@ -564,16 +592,43 @@ static int ahead_post(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t
 	r->meta = e->meta;
 	r->meta_valid = true;
 	rc = dest_prepare(r);
-	if (rc == 0)
-		rc = request_send(r, false, e, true);
 	if (rc) {
 		request_discard(r);
 		return rc;
 	}
-	tfab__list_add_tail(&peer->requests, &r->link);
-	tfab__list_add_tail(&e->ahead, &r->ahead_link);
-	peer->ctx->stats.requests_ahead++;
+	*r_p = r;
 	return 0;
+}
+
+/*
+ * Post n standing requests of consecutive steps (rs[0] first) in one TENSOR_REQUEST with
+ * AHEAD, queued for the next flush; each stands on e once it went. Those that could not go
+ * are discarded.
+ */
+static int ahead_send(struct tfab_peer *peer, struct tfab_meta_entry *e, struct tfab_request **rs,
+		      struct tfab_wire_ahead *dests, unsigned n)
+{
+	struct tfab_wire_msg m = request_msg(rs[0], e);
+	int rc;
+
+	for (unsigned i = 1; i < n; i++)
+		dests[i - 1] = request_dest(rs[i]);
+	if (n > 1) {
+		m.flags |= TFAB_MSGF_AHEAD;
+		m.nahead = (uint16_t)(n - 1);
+		m.ahead = dests;
+	}
+	rc = request_msg_send(peer, &m, e, true);
+	for (unsigned i = 0; i < n; i++) {
+		if (rc) {
+			request_discard(rs[i]);
+			continue;
+		}
+		tfab__list_add_tail(&peer->requests, &rs[i]->link);
+		tfab__list_add_tail(&e->ahead, &rs[i]->ahead_link);
+		peer->ctx->stats.requests_ahead++;
+	}
+	return rc;
 }
 
 /*
@@ -602,6 +657,25 @@ static struct tfab_request *ahead_find(struct tfab_peer *peer, struct tfab_meta_
 }
 
 /*
+ * How many standing requests, rs[0]'s step first, go in one message: as many as fit a control
+ * slot with room left for the TAKEN indexes that ride on it (the first at its longest: the
+ * whole key, announcing an index).
+ */
+static unsigned ahead_room(const struct tfab_request *r)
+{
+	struct tfab_wire_msg m = {
+	    .type = TFAB_MSG_TENSOR_REQUEST,
+	    .flags = TFAB_MSGF_META_VALID | TFAB_MSGF_KEY_INDEX,
+	    .key_len = r->key_len,
+	    .key = (const uint8_t *)r->key,
+	    .meta = r->meta,
+	};
+	size_t fit = tfab__wire_ahead_room(&m, AHEAD_SLOT) + 1;
+
+	return fit < AHEAD_PER_MSG ? (unsigned)fit : AHEAD_PER_MSG;
+}
+
+/*
  * After a receive of step: keep depth requests standing beyond it (fewer for large tensors),
  * posting the next half of them at once when half have been taken (one control write for
  * them all, the waiting TAKEN indexes riding on it). What cannot be posted leaves its receive
@@ -610,40 +684,57 @@ static struct tfab_request *ahead_find(struct tfab_peer *peer, struct tfab_meta_
 static void ahead_refill(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t step,
 			 unsigned depth)
 {
-	uint64_t room = peer->ctx->cfg.pool_cache / 8, nbytes = e->meta.nbytes;
+	uint64_t bytes = peer->ctx->cfg.pool_cache / 8, nbytes = e->meta.nbytes;
+	struct tfab_request *rs[AHEAD_PER_MSG];
+	struct tfab_wire_ahead dests[AHEAD_PER_MSG];
 	int64_t last = step;
-	unsigned n = 0;
+	unsigned n = 0, k = 0, per_msg = 1;
 	struct tfab_list *l;
+	int rc = 0;
 
 	/*
 	 * What stands for one key holds at most AHEAD_BYTES and an eighth of the pool's cache,
 	 * and at least one tensor: a large tensor's write outlasts a request's round trip, so
 	 * one or two standing hide it, and more only spread the receiver over cold memory.
 	 */
-	if (room > AHEAD_BYTES)
-		room = AHEAD_BYTES;
-	if (nbytes && depth > room / nbytes)
-		depth = room / nbytes ? (unsigned)(room / nbytes) : 1;
+	if (bytes > AHEAD_BYTES)
+		bytes = AHEAD_BYTES;
+	if (nbytes && depth > bytes / nbytes)
+		depth = bytes / nbytes ? (unsigned)(bytes / nbytes) : 1;
 
 	for (l = e->ahead.next; l != &e->ahead; l = l->next) {
-		int64_t k = tfab_container_of(l, struct tfab_request, ahead_link)->step;
+		int64_t at = tfab_container_of(l, struct tfab_request, ahead_link)->step;
 
-		n += k > step;
-		last = k > last ? k : last;
+		n += at > step;
+		last = at > last ? at : last;
 	}
 	if (n > depth / 2)
 		return;
 	for (unsigned i = 1; i <= depth && step <= INT64_MAX - (int64_t)i; i++) {
-		int64_t k = step + (int64_t)i;
-		int rc = k > last ? ahead_post(peer, e, k) : 0;
+		int64_t s = step + (int64_t)i;
 
-		if (rc) {
-			TFAB_DEBUG(SUBSYS, "'%.*s' step %lld from peer %u: not requested ahead: %s",
-				   (int)e->key_len, e->key, (long long)k, peer->id,
-				   tfab_strerror(rc));
+		if (s <= last)
+			continue;
+		rc = ahead_new(peer, e, s, &rs[k]);
+		if (rc)
 			break;
+		if (k++ == 0)
+			per_msg = ahead_room(rs[0]);
+		if (k == per_msg) {
+			rc = ahead_send(peer, e, rs, dests, k);
+			k = 0;
+			if (rc)
+				break;
 		}
 	}
+	if (k) {
+		int sr = ahead_send(peer, e, rs, dests, k);
+
+		rc = rc ? rc : sr;
+	}
+	if (rc)
+		TFAB_DEBUG(SUBSYS, "'%.*s' from peer %u: fewer steps requested ahead: %s",
+			   (int)e->key_len, e->key, peer->id, tfab_strerror(rc));
 }
 
 /* A receive takes over the standing request r: its owner now, and the tensor if it landed. */
@@ -757,7 +848,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	}
 	rc = r->meta_valid ? dest_prepare(r) : 0;
 	if (rc == 0)
-		rc = request_send(r, false, e, false);
+		rc = request_send(r, false, e);
 	if (rc) {
 		request_discard(r);
 		return rc;

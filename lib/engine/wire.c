@@ -22,7 +22,8 @@
 #define TAKEN_FIXED 6
 
 static const uint16_t allowed_flags[] = {
-    [TFAB_MSG_TENSOR_REQUEST] = TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST | TFAB_MSGF_KEY_INDEX,
+    [TFAB_MSG_TENSOR_REQUEST] =
+	TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST | TFAB_MSGF_KEY_INDEX | TFAB_MSGF_AHEAD,
     [TFAB_MSG_META_DATA] = TFAB_MSGF_COMPLETE,
     [TFAB_MSG_ERROR] = 0,
     [TFAB_MSG_CANCEL] = 0,
@@ -343,6 +344,15 @@ static bool msg_valid(const struct tfab_wire_msg *m)
 		return false;
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
+		/*
+		 * Requests ahead: sized from meta-data, never a re-request, at least one, and
+		 * their steps within int64.
+		 */
+		if ((m->flags & TFAB_MSGF_AHEAD) &&
+		    ((m->flags & (TFAB_MSGF_META_VALID | TFAB_MSGF_REREQUEST)) !=
+			 TFAB_MSGF_META_VALID ||
+		     m->nahead == 0 || m->step_id > INT64_MAX - (int64_t)m->nahead))
+			return false;
 		/* A key, or (KEY_INDEX) none: then the index alone names it. */
 		return (m->key_len >= 1 && m->key_len <= TFAB_MAX_KEY) ||
 		       (m->key_len == 0 && (m->flags & TFAB_MSGF_KEY_INDEX));
@@ -363,7 +373,9 @@ static size_t msg_payload(const struct tfab_wire_msg *m)
 	switch (m->type) {
 	case TFAB_MSG_TENSOR_REQUEST:
 		return REQ_FIXED + (size_t)m->key_len + n +
-		       ((m->flags & TFAB_MSGF_KEY_INDEX) ? 4 : 0);
+		       ((m->flags & TFAB_MSGF_KEY_INDEX) ? 4 : 0) +
+		       ((m->flags & TFAB_MSGF_AHEAD) ? 2 + TFAB_WIRE_AHEAD_ENTRY * (size_t)m->nahead
+						     : 0);
 	case TFAB_MSG_META_DATA:
 		return 4 + n;
 	case TFAB_MSG_ERROR:
@@ -390,6 +402,8 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	if ((m->type == TFAB_MSG_TAKEN || m->type == TFAB_MSG_RETIRE) && m->ntaken > 1 &&
 	    !m->taken && !m->taken_le)
 		return -EINVAL;
+	if ((m->flags & TFAB_MSGF_AHEAD) && !m->ahead && !m->ahead_le)
+		return -EINVAL;
 	payload = msg_payload(m);
 	need = TFAB_WIRE_MSG_HDR + payload;
 	if (cap < need)
@@ -414,7 +428,17 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 		if (m->flags & TFAB_MSGF_KEY_INDEX)
 			p = put_le(p, m->key_index, 4);
 		if (m->flags & TFAB_MSGF_META_VALID)
-			put_meta(p, &m->meta);
+			p = put_meta(p, &m->meta);
+		if (m->flags & TFAB_MSGF_AHEAD) {
+			p = put_le(p, m->nahead, 2);
+			for (unsigned i = 0; i < m->nahead; i++) {
+				struct tfab_wire_ahead a = tfab__wire_ahead_at(m, i);
+
+				p = put_le(p, a.req_index, 4);
+				p = put_le(p, a.dest_raddr, 8);
+				p = put_le(p, a.dest_rkey, 8);
+			}
+		}
 		break;
 	case TFAB_MSG_META_DATA:
 		put_meta(p, &m->meta);
@@ -435,6 +459,31 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	}
 	*len_p = need;
 	return 0;
+}
+
+struct tfab_wire_ahead tfab__wire_ahead_at(const struct tfab_wire_msg *m, unsigned i)
+{
+	struct rd r = {.p = m->ahead_le + (size_t)i * TFAB_WIRE_AHEAD_ENTRY,
+		       .left = TFAB_WIRE_AHEAD_ENTRY};
+	struct tfab_wire_ahead a;
+
+	if (m->ahead)
+		return m->ahead[i];
+	a.req_index = (uint32_t)get_le(&r, 4);
+	a.dest_raddr = get_le(&r, 8);
+	a.dest_rkey = get_le(&r, 8);
+	return a;
+}
+
+size_t tfab__wire_ahead_room(const struct tfab_wire_msg *m, size_t cap)
+{
+	struct tfab_wire_msg base = *m;
+	size_t need;
+
+	base.flags |= TFAB_MSGF_AHEAD;
+	base.nahead = 0;
+	need = TFAB_WIRE_MSG_HDR + msg_payload(&base);
+	return cap > need ? (cap - need) / TFAB_WIRE_AHEAD_ENTRY : 0;
 }
 
 void tfab__wire_msg_set_more(void *msg, uint16_t more)
@@ -481,6 +530,10 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 			out.key_index = (uint32_t)get_le(&r, 4);
 		if (out.flags & TFAB_MSGF_META_VALID)
 			get_meta(&r, &out.meta);
+		if (out.flags & TFAB_MSGF_AHEAD) {
+			out.nahead = (uint16_t)get_le(&r, 2);
+			out.ahead_le = get_bytes(&r, TFAB_WIRE_AHEAD_ENTRY * (size_t)out.nahead);
+		}
 		break;
 	case TFAB_MSG_META_DATA:
 		get_meta(&r, &out.meta);

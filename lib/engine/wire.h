@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TFAB_WIRE_VERSION 4
+#define TFAB_WIRE_VERSION 5
 #define TFAB_WIRE_MAGIC 0x42414654u
 #define TFAB_WIRE_BLOB_HDR 24
 #define TFAB_WIRE_PATH_HDR 20 /* each path entry, before its name and address */
@@ -116,7 +116,18 @@ enum {
 	TFAB_MSGF_REREQUEST = 2,
 	TFAB_MSGF_COMPLETE = 4,
 	TFAB_MSGF_KEY_INDEX = 8, /* TENSOR_REQUEST: key_index follows the key (or replaces it) */
+	TFAB_MSGF_AHEAD = 16, /* TENSOR_REQUEST: requests for the next steps follow the meta-data */
 };
+
+/*
+ * One more request that a TENSOR_REQUEST with AHEAD carries: for the step after the one
+ * before it, with the first's key, capacity and meta-data (protocol.md, "No-request mode").
+ */
+struct tfab_wire_ahead {
+	uint32_t req_index;
+	uint64_t dest_raddr, dest_rkey;
+};
+#define TFAB_WIRE_AHEAD_ENTRY 20 /* its encoded bytes */
 
 /*
  * dtype_code of a string tensor (bits and lanes 0): its content is a TensorProto, nbytes its
@@ -159,6 +170,13 @@ struct tfab_wire_msg {
 	uint32_t key_index;
 	/* TENSOR_REQUEST (with META_VALID) and META_DATA */
 	struct tfab_wire_meta meta;
+	/*
+	 * TENSOR_REQUEST with AHEAD: nahead more requests, for steps step_id + 1 on; from ahead
+	 * (encode) or little-endian at ahead_le (decode); tfab__wire_ahead_at reads either.
+	 */
+	uint16_t nahead;
+	const struct tfab_wire_ahead *ahead;
+	const uint8_t *ahead_le;
 	/* ERROR */
 	int32_t status;
 	uint16_t errmsg_len;
@@ -185,6 +203,12 @@ static inline uint32_t tfab__wire_taken_at(const struct tfab_wire_msg *m, unsign
 	p = m->taken_le + 4 * (size_t)(i - 1);
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
+
+/* The i-th (0 <= i < nahead) request after the first of a TENSOR_REQUEST with AHEAD. */
+struct tfab_wire_ahead tfab__wire_ahead_at(const struct tfab_wire_msg *m, unsigned i);
+
+/* How many AHEAD entries fit beside request m (its own nahead aside) in cap bytes. */
+size_t tfab__wire_ahead_room(const struct tfab_wire_msg *m, size_t cap);
 
 /*
  * Encode a message into a slot of cap bytes; the whole length goes to *len_p. A slot may hold

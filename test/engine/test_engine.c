@@ -1402,17 +1402,19 @@ static int ahead_check(DLManagedTensor *m, int step)
  *   over (the control writes they cost are printed: how many depends on timing, since a
  *   lazy TAKEN goes alone after TFAB_NO_REQUEST_TAKEN_US; tfab-perf measures them);
  * - step 81 lands on its standing request, and a step cleanup cancels it there: the send is
- *   not delivered, and is offered again to the receive that comes after, which gets it.
+ *   not delivered, and is offered again to the receive that comes after, which gets it;
+ * - with the depth raised to 32, the receive of step 82 posts the steps up to 114 ahead in
+ *   one message (TENSOR_REQUEST with AHEAD), not a message each.
  * Sends are delivered only when their receives took them, each once.
  */
 static int sc_no_request(struct mp *mp)
 {
-	enum { DEPTH = 8, A = 40, B = 40, N = A + B + 1 };
+	enum { DEPTH = 8, A = 40, B = 40, N = A + B + 1, DEEP = 32 };
 	static const char key[] = "ahead";
-	struct tensor t[N];
+	struct tensor t[N + 1];
 	struct tfab_stats st0, st1, st;
 
-	for (int i = 0; i < N; i++)
+	for (int i = 0; i <= N; i++)
 		ahead_tensor(&t[i], i + 1);
 	CHECK_RC(tfab_get_stats(mp->ctx, &st0), 0);
 	if (mp->rank == 1) {
@@ -1437,6 +1439,10 @@ static int sc_no_request(struct mp *mp)
 		CHECK(wait_n(mp, &d, N));
 		CHECK(d.errors == 0);
 		CHECK(mp_barrier(mp, 5) == 0);
+		CHECK_RC(tfab_send(mp->ctx, key, N + 1, &t[N].dl, false, on_sent, &d), 0);
+		CHECK(wait_n(mp, &d, N + 1));
+		CHECK(d.errors == 0);
+		CHECK(mp_barrier(mp, 6) == 0);
 	} else {
 		struct done dd[B];
 		DLManagedTensor *m = NULL;
@@ -1488,8 +1494,26 @@ static int sc_no_request(struct mp *mp)
 		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
 		CHECK(st.ahead_taken == st1.ahead_taken); /* cancelled: requested anew */
 		CHECK(mp_barrier(mp, 5) == 0);
+
+		/* Steps N + 1 to N + DEEP - 1 stand, N + 1 since the receive of N. */
+		CHECK_RC(tfab_recv_ahead(mp->ctx, mp->peers[1], key, DEEP), 0);
+		CHECK_RC(tfab_get_stats(mp->ctx, &st1), 0);
+		CHECK_RC(recv_one(mp, 1, key, N + 1, &m, NULL), 0);
+		CHECK(ahead_check(m, N + 1));
+		m->deleter(m);
+		CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+		CHECK(st.ahead_taken - st1.ahead_taken == 1);
+		CHECK(st.requests_ahead - st1.requests_ahead >= DEEP - DEPTH);
+		/* One message of requests ahead, and perhaps its receive's TAKEN alone. */
+		if (st.ctrl_messages - st1.ctrl_messages > 2) {
+			fprintf(stderr, "rank 0: %llu requests ahead in %llu control messages\n",
+				(unsigned long long)(st.requests_ahead - st1.requests_ahead),
+				(unsigned long long)(st.ctrl_messages - st1.ctrl_messages));
+			return 1;
+		}
+		CHECK(mp_barrier(mp, 6) == 0);
 	}
-	for (int i = 0; i < N; i++)
+	for (int i = 0; i <= N; i++)
 		tensor_free(&t[i]);
 	return 0;
 }

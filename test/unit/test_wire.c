@@ -161,6 +161,15 @@ static void assert_msg_equal(const struct tfab_wire_msg *a, const struct tfab_wi
 			assert_memory_equal(a->key, b->key, a->key_len);
 		if (a->flags & TFAB_MSGF_KEY_INDEX)
 			assert_int_equal(a->key_index, b->key_index);
+		assert_int_equal(a->nahead, b->nahead);
+		for (unsigned i = 0; i < a->nahead; i++) {
+			struct tfab_wire_ahead x = tfab__wire_ahead_at(a, i);
+			struct tfab_wire_ahead y = tfab__wire_ahead_at(b, i);
+
+			assert_int_equal(x.req_index, y.req_index);
+			assert_true(x.dest_raddr == y.dest_raddr);
+			assert_true(x.dest_rkey == y.dest_rkey);
+		}
 	}
 	if (has_meta(a)) {
 		assert_true(tfab__wire_meta_equal(&a->meta, &b->meta));
@@ -308,7 +317,7 @@ enum {
 static const uint8_t blob_bytes[] = {
     /* header */
     0x54, 0x46, 0x41, 0x42,	  /* magic "TFAB" */
-    0x04, 0x00,			  /* version */
+    0x05, 0x00,			  /* version */
     0x02, 0x00,			  /* npaths */
     0x40, 0x00, 0x00, 0x00,	  /* ring_slots 64 */
     0x00, 0x04, 0x00, 0x00,	  /* slot_size 1024 */
@@ -664,7 +673,8 @@ static void test_blob_reject_header(void **state)
 	blob_reject_patched(B_VERSION, 1, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 2, 2, -TFAB_ERR_VERSION); /* one slot, one message */
 	blob_reject_patched(B_VERSION, 3, 2, -TFAB_ERR_VERSION); /* no key indexes */
-	blob_reject_patched(B_VERSION, 5, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 4, 2, -TFAB_ERR_VERSION); /* no requests ahead */
+	blob_reject_patched(B_VERSION, 6, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0x200, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0xffff, 2, -TFAB_ERR_VERSION);
 	/* ...a version 1 blob too, whole or cut anywhere after its version... */
@@ -957,7 +967,7 @@ static void test_blob_encode_nospace(void **state)
 /* Pinned against doc/protocol.md: header, TENSOR_REQUEST, then the meta-data table. */
 static const uint8_t request_bytes[] = {
     /* header */
-    0x04,		    /* version */
+    0x05,		    /* version */
     0x01,		    /* type TENSOR_REQUEST */
     0x03, 0x00,		    /* flags META_VALID | REREQUEST */
     0x48, 0x00, 0x00, 0x00, /* length 72 */
@@ -984,7 +994,7 @@ static const uint8_t request_bytes[] = {
 };
 
 static const uint8_t meta_data_bytes[] = {
-    0x04, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
+    0x05, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
     0x14, 0x00, 0x00, 0x00,			    /* length 20 */
     0x07, 0x00, 0x00, 0x00,			    /* seq */
     0x00, 0x00, 0x00, 0x00,			    /* more 0, reserved */
@@ -995,7 +1005,7 @@ static const uint8_t meta_data_bytes[] = {
 };
 
 static const uint8_t error_bytes[] = {
-    0x04, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
+    0x05, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
     0x0c, 0x00, 0x00, 0x00, /* length 12 */
     0x01, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1006,7 +1016,7 @@ static const uint8_t error_bytes[] = {
 };
 
 static const uint8_t cancel_bytes[] = {
-    0x04, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
+    0x05, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
     0x04, 0x00, 0x00, 0x00, /* length 4 */
     0xff, 0xff, 0xff, 0xff, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1014,7 +1024,7 @@ static const uint8_t cancel_bytes[] = {
 };
 
 static const uint8_t taken_bytes[] = {
-    0x04, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x05, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
     0x0e, 0x00, 0x00, 0x00, /* length 14 */
     0x03, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1197,6 +1207,83 @@ static void test_key_index_round_trip(void **state)
 	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
 	m.ntaken = TFAB_WIRE_MAX_TAKEN + 1;
 	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+}
+
+/* Standing requests for the next steps, carried by one TENSOR_REQUEST (flag AHEAD). */
+static void test_ahead_round_trip(void **state)
+{
+	struct tfab_wire_ahead more[3] = {
+	    {.req_index = 0x10, .dest_raddr = 0x2000, .dest_rkey = 0x1122334455667788u},
+	    {.req_index = 0xffffffffu, .dest_raddr = UINT64_MAX, .dest_rkey = 0},
+	    {.req_index = 0x12, .dest_raddr = 0x4000, .dest_rkey = 7},
+	};
+	size_t base = TFAB_WIRE_MSG_HDR + 38 + 2 + 16 + 8 * 2, len = 0;
+	uint8_t slot[SLOT];
+	struct tfab_wire_msg m, d;
+
+	(void)state;
+	sample_request(&m);
+	m.flags = TFAB_MSGF_META_VALID | TFAB_MSGF_AHEAD;
+	m.nahead = 3;
+	m.ahead = more;
+	len = msg_round_trip(&m, base + 2 + 3 * TFAB_WIRE_AHEAD_ENTRY);
+	/* After the meta-data: the count, then each request's index, address and key. */
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), 0);
+	assert_int_equal(slot[base] | slot[base + 1] << 8, 3);
+	assert_int_equal(slot[base + 2], 0x10);
+	assert_int_equal(slot[base + 2 + 4 + 8], 0x88);
+	assert_int_equal(slot[base + 2 + TFAB_WIRE_AHEAD_ENTRY], 0xff);
+	assert_int_equal(tfab__wire_msg_decode(slot, len, &d), 0);
+	assert_int_equal(tfab__wire_ahead_at(&d, 2).dest_rkey, 7);
+	/* With a key index, and by index alone. */
+	m.flags |= TFAB_MSGF_KEY_INDEX;
+	m.key_index = 5;
+	msg_round_trip(&m, base + 4 + 2 + 3 * TFAB_WIRE_AHEAD_ENTRY);
+	m.key_len = 0;
+	m.key = NULL;
+	msg_round_trip(&m, base - 2 + 4 + 2 + 3 * TFAB_WIRE_AHEAD_ENTRY);
+
+	/* What fits beside a request: whole entries within the room given. */
+	sample_request(&m);
+	m.flags = TFAB_MSGF_META_VALID;
+	assert_int_equal(tfab__wire_ahead_room(&m, base + 2 + 3 * TFAB_WIRE_AHEAD_ENTRY), 3);
+	assert_int_equal(tfab__wire_ahead_room(&m, base + 1 + 3 * TFAB_WIRE_AHEAD_ENTRY), 2);
+	assert_int_equal(tfab__wire_ahead_room(&m, base), 0);
+
+	/* Refused by the encoder: none, no meta-data, a re-request, steps past int64, none given. */
+	m.flags = TFAB_MSGF_META_VALID | TFAB_MSGF_AHEAD;
+	m.ahead = more;
+	m.nahead = 0;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.nahead = 3;
+	m.flags = TFAB_MSGF_AHEAD;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.flags = TFAB_MSGF_META_VALID | TFAB_MSGF_AHEAD | TFAB_MSGF_REREQUEST;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.flags = TFAB_MSGF_META_VALID | TFAB_MSGF_AHEAD;
+	m.step_id = INT64_MAX - 2;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.step_id = INT64_MAX - 3;
+	msg_round_trip(&m, base + 2 + 3 * TFAB_WIRE_AHEAD_ENTRY);
+	m.ahead = NULL;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+
+	/* Refused by the decoder: a count of 0, more entries than the payload holds, or fewer. */
+	m.ahead = more;
+	m.step_id = 4;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), 0);
+	slot[base] = 0;
+	assert_int_equal(tfab__wire_msg_decode(slot, len, &d), -TFAB_ERR_PROTOCOL);
+	slot[base] = 4;
+	assert_int_equal(tfab__wire_msg_decode(slot, sizeof(slot), &d), -TFAB_ERR_PROTOCOL);
+	slot[base] = 2;
+	assert_int_equal(tfab__wire_msg_decode(slot, sizeof(slot), &d), -TFAB_ERR_PROTOCOL);
+	slot[base] = 3;
+	assert_int_equal(tfab__wire_msg_decode(slot, len, &d), 0);
+	/* A step that the entries would carry past int64. */
+	for (unsigned i = 0; i < 8; i++)
+		slot[TFAB_WIRE_MSG_HDR + 4 + i] = i == 7 ? 0x7f : 0xff;
+	assert_int_equal(tfab__wire_msg_decode(slot, len, &d), -TFAB_ERR_PROTOCOL);
 }
 
 static void test_meta_data_round_trip(void **state)
@@ -2392,6 +2479,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_key_index_round_trip),
+	    cmocka_unit_test(test_ahead_round_trip),
 	    cmocka_unit_test(test_blob_known_bytes),
 	    cmocka_unit_test(test_blob_round_trip),
 	    cmocka_unit_test(test_blob_trailing_bytes_ignored),
