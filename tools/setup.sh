@@ -13,6 +13,8 @@ packages=(
 	libibverbs-dev ibverbs-providers rdma-core
 	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
 	libcmocka-dev valgrind clang-format
+	# test/fuzz: libFuzzer targets (CI fuzzes each for a minute)
+	clang libclang-rt-14-dev
 	# test/verbs: real kernel verbs (soft-RoCE) inside a QEMU VM
 	qemu-system-x86 busybox-static ibverbs-utils kmod iproute2
 )

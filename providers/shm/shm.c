@@ -233,6 +233,18 @@ static int tfab_shm_get_addr(struct tfab_ep *base, void *buf, size_t *len_p)
 	return 0;
 }
 
+int tfab_shm_addr_decode(const void *addr, size_t len, struct tfab_shm_addr *a)
+{
+	if (len != sizeof(*a))
+		return -EINVAL;
+	memcpy(a, addr, sizeof(*a));
+	if (a->magic != (uint32_t)TFAB_SHM_MAGIC || a->len != sizeof(*a) || a->pid <= 0)
+		return -EINVAL;
+	if (a->version != TFAB_SHM_VERSION)
+		return -TFAB_ERR_VERSION;
+	return 0;
+}
+
 static int tfab_shm_connect(struct tfab_ep *base, const void *addr, size_t len,
 			    struct tfab_conn **peer_p)
 {
@@ -242,13 +254,9 @@ static int tfab_shm_connect(struct tfab_ep *base, const void *addr, size_t len,
 	void *map;
 	int rc;
 
-	if (len != sizeof(a))
-		return -EINVAL;
-	memcpy(&a, addr, sizeof(a));
-	if (a.magic != (uint32_t)TFAB_SHM_MAGIC || a.len != sizeof(a) || a.pid <= 0)
-		return -EINVAL;
-	if (a.version != TFAB_SHM_VERSION)
-		return -TFAB_ERR_VERSION;
+	rc = tfab_shm_addr_decode(addr, len, &a);
+	if (rc)
+		return rc;
 	if (memcmp(a.host.boot_id, ep->host.boot_id, sizeof(a.host.boot_id)) != 0) {
 		TFAB_ERROR(SUBSYS,
 			   "the peer's address is of another host (boot id differs): shared "

@@ -76,6 +76,12 @@ struct tfab_shm_addr {
 	struct tfab_shm_host host;
 };
 
+/*
+ * A peer's address from its connection blob (len bytes at addr) into *a: -EINVAL if it is not
+ * one, -TFAB_ERR_VERSION for another version. Whether it is of this host is the caller's.
+ */
+int tfab_shm_addr_decode(const void *addr, size_t len, struct tfab_shm_addr *a);
+
 /* What went which way, per endpoint (writes it made, bytes of them). */
 struct tfab_shm_stats {
 	uint64_t inline_writes;

@@ -880,7 +880,7 @@ static int find_inline(struct tfab_verbs_ep *ep, unsigned want)
 static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **ep_p)
 {
 	const struct tfab_config *cfg = args->cfg;
-	struct open_pick pick = {NULL};
+	struct open_pick pick = {0};
 	struct ibv_srq_init_attr srq_attr;
 	struct ibv_device_attr dattr;
 	struct tfab_verbs_ep *ep;

@@ -1,0 +1,219 @@
+/*
+ * Writes the fuzz targets' seed corpora (test/fuzz/corpus/TARGET/) from the library's own
+ * encoders, so that they follow the wire when it changes:
+ *   build/test/fuzz/fuzz-seeds test/fuzz/corpus
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <tfab/tensorproto.h>
+
+#include "engine/wire.h"
+#include "fuzz.h"
+#include "providers/shm/shm.h"
+#ifdef TFAB_HAVE_VERBS
+#include "providers/verbs/verbs.h"
+#endif
+
+static const char *root;
+
+static void put(const char *target, const char *name, const void *buf, size_t len)
+{
+	char path[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", root, target);
+	if (mkdir(path, 0755) && errno != EEXIST) {
+		perror(path);
+		exit(1);
+	}
+	snprintf(path, sizeof(path), "%s/%s/%s", root, target, name);
+	f = fopen(path, "wb");
+	if (!f || fwrite(buf, 1, len, f) != len || fclose(f)) {
+		perror(path);
+		exit(1);
+	}
+}
+
+/* Messages one after another in one slot, as the engine batches them. */
+static size_t slot_of(const struct tfab_wire_msg *ms, unsigned n, uint8_t *slot, size_t cap)
+{
+	size_t off = 0, len;
+
+	for (unsigned i = 0; i < n; i++) {
+		struct tfab_wire_msg m = ms[i];
+
+		m.seq = 9;
+		m.more = (uint16_t)(n - 1 - i);
+		m.credits = i == 0 ? 3 : 0;
+		FUZZ_CHECK(tfab__wire_msg_encode(&m, slot + off, cap - off, &len) == 0);
+		off += len;
+	}
+	return off;
+}
+
+static void wire_msgs(void)
+{
+	static const uint32_t taken[] = {2, 3, 4};
+	struct tfab_wire_ahead ahead[3] = {{5, 0x2000, 11}, {6, 0x3000, 11}, {7, 0x4000, 11}};
+	struct tfab_wire_msg req = {
+	    .type = TFAB_MSG_TENSOR_REQUEST,
+	    .flags = TFAB_MSGF_META_VALID,
+	    .req_index = 1,
+	    .step_id = 42,
+	    .dest_raddr = 0x1000,
+	    .dest_rkey = 11,
+	    .dest_capacity = 24,
+	    .key_len = 6,
+	    .key = (const uint8_t *)"grad/w",
+	    .meta = {.dtype_code = 2,
+		     .dtype_bits = 32,
+		     .dtype_lanes = 1,
+		     .ndim = 2,
+		     .nbytes = 24,
+		     .shape = {2, 3}},
+	};
+	struct tfab_wire_msg ms[8];
+	uint8_t slot[TFAB_WIRE_MIN_SLOT];
+	char name[32];
+	unsigned n = 0;
+
+	ms[n++] = req;
+	ms[n] = req; /* by key index, with requests ahead */
+	ms[n].flags |= TFAB_MSGF_KEY_INDEX | TFAB_MSGF_AHEAD;
+	ms[n].key_len = 0;
+	ms[n].key = NULL;
+	ms[n].key_index = 1;
+	ms[n].nahead = 3;
+	ms[n++].ahead = ahead;
+	ms[n] =
+	    (struct tfab_wire_msg){.type = TFAB_MSG_META_DATA, .req_index = 1, .meta = req.meta};
+	ms[n].meta.shape[1] = 4;
+	ms[n++].meta.nbytes = 32;
+	ms[n++] = (struct tfab_wire_msg){
+	    .type = TFAB_MSG_META_DATA,
+	    .flags = TFAB_MSGF_COMPLETE,
+	    .req_index = 2,
+	    .meta = {
+		.dtype_code = 2, .dtype_bits = 32, .dtype_lanes = 1, .is_dead = 1, .nbytes = 4}};
+	ms[n++] = (struct tfab_wire_msg){.type = TFAB_MSG_ERROR,
+					 .req_index = 3,
+					 .status = -5,
+					 .errmsg_len = 10,
+					 .errmsg = "the sender"};
+	ms[n++] = (struct tfab_wire_msg){.type = TFAB_MSG_CANCEL, .req_index = 4};
+	ms[n++] = (struct tfab_wire_msg){
+	    .type = TFAB_MSG_TAKEN, .req_index = 1, .ntaken = 4, .taken = taken};
+	ms[n++] = (struct tfab_wire_msg){
+	    .type = TFAB_MSG_RETIRE, .req_index = 1, .ntaken = 2, .taken = taken};
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(name, sizeof(name), "type%u-%u", ms[i].type, i);
+		put("wire_msg", name, slot, slot_of(&ms[i], 1, slot, sizeof(slot)));
+	}
+	put("wire_msg", "slot-batch", slot, slot_of(ms, n, slot, sizeof(slot)));
+}
+
+static void wire_blobs(void)
+{
+	uint8_t shm_addr[sizeof(struct tfab_shm_addr)], buf[TFAB_WIRE_MAX_BLOB];
+	struct tfab_shm_addr sa = {.magic = (uint32_t)TFAB_SHM_MAGIC,
+				   .version = TFAB_SHM_VERSION,
+				   .len = sizeof(sa),
+				   .pid = 1234,
+				   .ctrl_fd = 5,
+				   .ctrl_ino = 99,
+				   .ep_id = 7};
+	struct tfab_wire_blob b = {
+	    .ring_slots = 64, .slot_size = 1024, .peer_id = 3, .host_len = 5, .host = "node1"};
+	static const uint8_t ofi_addr[16] = {2, 0, 0x30, 0x39, 127, 0, 0, 1};
+	size_t len;
+
+	memcpy(shm_addr, &sa, sizeof(sa));
+	b.paths[b.npaths++] = (struct tfab_wire_path){.ring_raddr = 0x1000,
+						      .ring_rkey = 1,
+						      .name_len = 3,
+						      .same_host = true,
+						      .addr_len = sizeof(shm_addr),
+						      .name = "shm",
+						      .addr = shm_addr};
+#ifdef TFAB_HAVE_VERBS
+	{
+		static uint8_t va[64];
+		struct tfab_verbs_addr a = {.link_layer = 2, .port = 1, .mtu = 3, .ep_id = 8};
+
+		tfab_verbs_addr_encode(&a, va);
+		b.paths[b.npaths++] =
+		    (struct tfab_wire_path){.ring_raddr = 0x2000,
+					    .ring_rkey = 2,
+					    .name_len = 5,
+					    .name = "verbs",
+					    .addr_len = (uint16_t)TFAB_VERBS_ADDR_LEN,
+					    .addr = va};
+	}
+#endif
+	b.paths[b.npaths++] = (struct tfab_wire_path){.ring_raddr = 0x3000,
+						      .ring_rkey = 3,
+						      .name_len = 7,
+						      .addr_len = sizeof(ofi_addr),
+						      .name = "ofi:tcp",
+						      .addr = ofi_addr};
+	FUZZ_CHECK(tfab__wire_blob_encode(&b, buf, sizeof(buf), &len) == 0);
+	put("wire_blob", "three-paths", buf, len);
+	b.npaths = 1;
+	FUZZ_CHECK(tfab__wire_blob_encode(&b, buf, sizeof(buf), &len) == 0);
+	put("wire_blob", "shm-only", buf, len);
+}
+
+static void tensorprotos(void)
+{
+	static const struct tfab_string strs[3] = {{"a", 1}, {NULL, 0}, {"tensor", 6}};
+	static const int64_t shape[2] = {3, 1}, fshape[1] = {2};
+	static float f[2] = {1.5f, -2};
+	struct tfab_string_tensor st = {.ndim = 2, .shape = shape, .strings = strs};
+	DLTensor t = {.data = f,
+		      .device = {kDLCPU, 0},
+		      .ndim = 1,
+		      .dtype = {kDLFloat, 32, 1},
+		      .shape = (int64_t *)fshape};
+	uint8_t buf[256];
+	size_t len;
+
+	FUZZ_CHECK(tfab_tensorproto_encode_strings(&st, buf, sizeof(buf), &len) == 0);
+	put("tensorproto", "strings-3x1", buf, len);
+	FUZZ_CHECK(tfab_tensorproto_encode(&t, buf, sizeof(buf), &len) == 0);
+	put("tensorproto", "float-2", buf, len);
+}
+
+static void settings(void)
+{
+	static const char *const s[][2] = {
+	    {"TFAB_PROVIDER", "shm,ofi:tcp"}, {"TFAB_LOG_LEVEL", "debug"},
+	    {"TFAB_POOL_CACHE", "1G"},	      {"TFAB_RING_SLOTS", "64"},
+	    {"TFAB_NO_REQUEST", "32"},	      {"TFAB_VERBS_INLINE", "auto"},
+	};
+	char buf[128], name[32];
+
+	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) {
+		size_t a = strlen(s[i][0]), b = strlen(s[i][1]);
+
+		memcpy(buf, s[i][0], a + 1);
+		memcpy(buf + a + 1, s[i][1], b);
+		snprintf(name, sizeof(name), "setting-%zu", i);
+		put("config", name, buf, a + 1 + b);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: fuzz-seeds CORPUS_DIR\n");
+		return 2;
+	}
+	root = argv[1];
+	wire_msgs();
+	wire_blobs();
+	tensorprotos();
+	settings();
+	return 0;
+}
