@@ -51,6 +51,11 @@ struct tfab_caps {
 	unsigned imm_bytes;  /* width of the immediate the engine may use (4) */
 	enum tfab_mr_addr_mode mr_addr;
 	unsigned key_bytes;    /* significant bytes of a remote key */
+	/*
+	 * The fabric chooses remote keys (verbs, FI_MR_PROV_KEY); otherwise the backend does, at
+	 * random (doc/security.md).
+	 */
+	bool prov_keys;
 	uint64_t max_msg_size; /* longest single write */
 	size_t inject_size;    /* longest write that may use TFAB_WRITE_INJECT */
 	size_t addr_len;       /* bytes of the endpoint blob */

@@ -12,7 +12,7 @@ packages=(
 	libfabric-dev libfabric-bin
 	libibverbs-dev ibverbs-providers rdma-core
 	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-	libcmocka-dev valgrind clang-format
+	libcmocka-dev valgrind clang-format libssl-dev
 	# test/fuzz: libFuzzer targets (CI fuzzes each for a minute)
 	clang libclang-rt-14-dev
 	# test/verbs: real kernel verbs (soft-RoCE) inside a QEMU VM

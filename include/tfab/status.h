@@ -33,6 +33,8 @@ enum tfab_status {
 	TFAB_ERR_CONFIG = 263,
 	/* Protocol versions of two peers differ. */
 	TFAB_ERR_VERSION = 264,
+	/* The peer did not prove it holds TFAB_AUTH_KEY, or asked us to and we do not. */
+	TFAB_ERR_AUTH = 265,
 	TFAB_ERR_LAST
 };
 

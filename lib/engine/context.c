@@ -317,6 +317,8 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	tfab__list_init(&ctx->meta_lru);
 	ctx->listen_fd = -1;
 	rc = tfab__config_init(&ctx->cfg, err, sizeof(err));
+	if (rc == 0)
+		rc = tfab__auth_load(ctx, err, sizeof(err));
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "%s", err);
 		goto err;
@@ -348,6 +350,7 @@ err:
 	tfab__htable_fini(&ctx->parked);
 	tfab__paths_close(ctx);
 	tfab__cuda_close(ctx->cuda);
+	tfab__auth_unload(ctx);
 	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
@@ -490,6 +493,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	free(ctx->req_gen);
 	free(ctx->req_free);
 	pthread_cond_destroy(&ctx->cond);
+	tfab__auth_unload(ctx);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 	return 0;

@@ -305,6 +305,8 @@ struct tfab_context {
 	int abort_status;
 	int listen_fd;
 	uint64_t next_liveness_ms;
+	uint8_t auth_key[256]; /* TFAB_AUTH_KEY(_FILE): auth_key_len bytes, 0 when unset */
+	size_t auth_key_len;
 	uint64_t progress_gen; /* progress calls so far */
 	/* Every peer's meta-data cache entries, least recently used first; at most the bound. */
 	struct tfab_list meta_lru;
@@ -417,6 +419,29 @@ void tfab__key_index_free(struct tfab_peer *peer);
 /* How many requests receives of the key from peer keep standing ahead (0: none). */
 unsigned tfab__ahead_depth(struct tfab_peer *peer, const char *key, uint16_t key_len);
 void tfab__ahead_free(struct tfab_peer *peer);
+
+/* Authenticated bootstrap (auth.c, doc/security.md). */
+#define TFAB_AUTH_NONCE 32
+#define TFAB_AUTH_MAC 32 /* HMAC-SHA256 */
+struct tfab_auth {
+	bool on;       /* a key is set: the handshake ran and the blobs carry tags */
+	bool acceptor; /* this side accepted the connection */
+	uint8_t nonce_self[TFAB_AUTH_NONCE], nonce_peer[TFAB_AUTH_NONCE];
+};
+/* Load the key of TFAB_AUTH_KEY or TFAB_AUTH_KEY_FILE into ctx (none set: no key). */
+int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen);
+void tfab__auth_unload(struct tfab_context *ctx);
+/*
+ * With a key: prove to the peer at fd that we hold it, and check its proof; -TFAB_ERR_AUTH
+ * (logged) if it does not, or asks for one we do not have. Without: nothing, *a off.
+ */
+int tfab__auth_handshake(struct tfab_context *ctx, int fd, bool acceptor, int timeout_ms,
+			 struct tfab_auth *a);
+/* A connection blob out, and in, with its tag when a is on. */
+int tfab__auth_blob_send(struct tfab_context *ctx, int fd, const struct tfab_auth *a,
+			 const void *blob, uint32_t len, int timeout_ms);
+int tfab__auth_blob_recv(struct tfab_context *ctx, int fd, const struct tfab_auth *a, void *blob,
+			 uint32_t cap, uint32_t *len_p, int timeout_ms);
 
 /* strings.c */
 /* The destination a string tensor last nbytes long gets: TFAB_STRINGS_HEADROOM more. */

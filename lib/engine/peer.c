@@ -396,24 +396,30 @@ int tfab_peer_destroy(struct tfab_peer *peer)
  * is kept unmapped without an error, and its first write's connection request then crashes
  * our fi_cq_read (smr_progress_connreq reads the region through a NULL pointer).
  */
-static int bootstrap(struct tfab_context *ctx, int fd, int timeout_ms, struct tfab_peer **peer_p)
+static int bootstrap(struct tfab_context *ctx, int fd, bool acceptor, int timeout_ms,
+		     struct tfab_peer **peer_p)
 {
 	uint8_t mine[TFAB_PEER_BLOB_MAX], theirs[sizeof(mine)];
 	static const uint8_t connected = 'C';
 	size_t mlen = sizeof(mine);
 	uint32_t tlen;
 	struct tfab_peer *peer = NULL;
+	struct tfab_auth auth;
 	int rc;
 
+	/* With TFAB_AUTH_KEY, nothing of ours goes to a peer that has not proved it holds it. */
+	rc = tfab__auth_handshake(ctx, fd, acceptor, timeout_ms, &auth);
 	tfab__ctx_lock(ctx);
-	rc = peer_new(ctx, &peer);
+	if (rc == 0)
+		rc = peer_new(ctx, &peer);
 	if (rc == 0)
 		rc = peer_blob(peer, mine, &mlen);
 	tfab__ctx_unlock(ctx);
 	if (rc == 0)
-		rc = tfab__sock_send_msg(fd, mine, (uint32_t)mlen, timeout_ms);
+		rc = tfab__auth_blob_send(ctx, fd, &auth, mine, (uint32_t)mlen, timeout_ms);
 	if (rc == 0)
-		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
+		rc =
+		    tfab__auth_blob_recv(ctx, fd, &auth, theirs, sizeof(theirs), &tlen, timeout_ms);
 	if (rc == 0) {
 		tfab__ctx_lock(ctx);
 		rc = peer_connect(peer, theirs, tlen);
@@ -467,7 +473,7 @@ int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **pee
 	rc = tfab__sock_accept(ctx->listen_fd, timeout_ms, &fd);
 	if (rc)
 		return rc;
-	return bootstrap(ctx, fd, timeout_ms, peer_p);
+	return bootstrap(ctx, fd, true, timeout_ms, peer_p);
 }
 
 int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int timeout_ms,
@@ -480,7 +486,7 @@ int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int 
 	rc = tfab__sock_connect(host, port, timeout_ms, &fd);
 	if (rc)
 		return rc;
-	return bootstrap(ctx, fd, timeout_ms, peer_p);
+	return bootstrap(ctx, fd, false, timeout_ms, peer_p);
 }
 
 /* Control messages out. */

@@ -130,7 +130,14 @@ static void format_level(const void *field, char *buf, size_t len)
 	snprintf(buf, len, "%s", tfab_log_level_name((enum tfab_log_level) * (const int *)field));
 }
 
+/* A secret is never shown: tfab-info and the logs see whether it is set, not what it is. */
+static void format_secret(const void *field, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s", *(const char *)field ? "(set)" : "");
+}
+
 static const struct tfab_config_parser parser_string = {"string", parse_string, format_string};
+static const struct tfab_config_parser parser_secret = {"secret", parse_string, format_secret};
 static const struct tfab_config_parser parser_uint = {"uint", parse_uint, format_uint};
 static const struct tfab_config_parser parser_auto_uint = {"auto|uint", parse_auto_uint,
 							   format_auto_uint};
@@ -248,6 +255,15 @@ static const struct tfab_config_entry table[] = {
     {"TFAB_CUDA_EMULATE", "0",
      "Tests only: 1 takes CUDA tensors as host memory, to run the GPU proxy path without a GPU",
      FIELD(cuda_emulate), &parser_uint, 0, 1},
+    {"TFAB_AUTH_KEY", "",
+     "A shared secret of at least 16 bytes: peers prove they hold it (HMAC-SHA256) before "
+     "anything else is exchanged, and one without it is refused (doc/security.md); shown as "
+     "(set)",
+     FIELD(auth_key), &parser_secret, 0, 0},
+    {"TFAB_AUTH_KEY_FILE", "",
+     "A file holding the shared secret instead (its bytes, less one trailing newline); "
+     "keeps it out of the environment of child processes",
+     FIELD(auth_key_file), &parser_string, 0, 0},
 };
 
 #define TABLE_LEN (sizeof(table) / sizeof(table[0]))

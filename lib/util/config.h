@@ -43,6 +43,8 @@ struct tfab_config {
 	unsigned pool_cache;	     /* TFAB_POOL_CACHE */
 	unsigned cuda_chunk;	     /* TFAB_CUDA_CHUNK */
 	unsigned cuda_emulate;	     /* TFAB_CUDA_EMULATE */
+	char auth_key[256];	     /* TFAB_AUTH_KEY (a secret: formatted as "(set)") */
+	char auth_key_file[256];     /* TFAB_AUTH_KEY_FILE */
 };
 
 struct tfab_config_parser {

@@ -25,6 +25,7 @@
 #include "util/freelist.h"
 #include "util/list.h"
 #include "util/log.h"
+#include "util/random.h"
 
 #define SUBSYS "ofi"
 #define TFAB_OFI_VERSION FI_VERSION(1, 9)
@@ -62,7 +63,6 @@ struct tfab_ofi_ep {
 	struct fid_cq *cq;
 	struct fid_ep *ep;
 	uint64_t mr_mode;
-	uint64_t next_key;
 	bool rx_cq_data;
 	/*
 	 * Writes posted and not completed, and their bound. libfabric 1.17's sockets runs every
@@ -514,7 +514,6 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->caps.same_host = ep->keep_addrs; /* libfabric's shm: processes of this host only */
 	if (progress_manual(fi))
 		fi->domain_attr->data_progress = FI_PROGRESS_MANUAL;
-	ep->next_key = 1;
 	ep->poll_batch = cfg->ofi_poll_batch;
 	ep->cqe = calloc(ep->poll_batch, sizeof(*ep->cqe));
 	if (!ep->cqe) {
@@ -548,6 +547,7 @@ static int tfab_ofi_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	ep->caps.mr_addr =
 	    (ep->mr_mode & FI_MR_VIRT_ADDR) ? TFAB_MR_ADDR_VIRT : TFAB_MR_ADDR_OFFSET;
 	ep->caps.key_bytes = (unsigned)fi->domain_attr->mr_key_size;
+	ep->caps.prov_keys = (fi->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0;
 	ep->caps.max_msg_size = fi->ep_attr->max_msg_size;
 	ep->caps.inject_size = fi->tx_attr->inject_size;
 	ep->caps.addr_len = ep->addrlen;
@@ -699,14 +699,24 @@ static int tfab_ofi_mr_reg(struct tfab_ep *base, void *addr, size_t len, unsigne
 	mr = calloc(1, sizeof(*mr));
 	if (!mr)
 		return -ENOMEM;
-	/* Keys are ours to choose unless FI_MR_PROV_KEY: unique per domain. */
-	rc = fi_mr_reg(ep->domain, addr, len, fi_access, 0, ep->next_key, 0, &fmr, ep);
+	/*
+	 * Keys are ours to choose unless FI_MR_PROV_KEY: unique per domain, and unpredictable
+	 * (doc/security.md), within the provider's key size; a key in use is drawn again.
+	 */
+	for (int tries = 0;; tries++) {
+		uint64_t key = tfab__random_u64();
+
+		if (ep->caps.key_bytes && ep->caps.key_bytes < 8)
+			key &= (1ull << (8 * ep->caps.key_bytes)) - 1;
+		rc = fi_mr_reg(ep->domain, addr, len, fi_access, 0, key, 0, &fmr, ep);
+		if (rc != -FI_ENOKEY || tries == 8)
+			break;
+	}
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "fi_mr_reg(%zu bytes): %s", len, fi_strerror(-rc));
 		free(mr);
 		return ofi_err(rc);
 	}
-	ep->next_key++;
 	if (ep->mr_mode & FI_MR_ENDPOINT) {
 		rc = fi_mr_bind(fmr, &ep->ep->fid, 0);
 		if (!rc)

@@ -111,7 +111,6 @@ struct tfab_shm_ep {
 	uint64_t ep_id;
 	struct tfab_shm_host host;
 	pid_t pid;
-	uint64_t next_gen;
 	uint32_t *free_regs; /* a stack of free registration indexes */
 	uint32_t nfree_regs;
 	int nconns, nmrs, nsegs;

@@ -26,6 +26,7 @@
 #include "util/freelist.h"
 #include "util/list.h"
 #include "util/log.h"
+#include "util/random.h"
 
 #define SUBSYS "shm"
 
@@ -382,8 +383,11 @@ static int tfab_shm_mr_reg(struct tfab_ep *base, void *addr, size_t len, unsigne
 	if (!mr)
 		return -ENOMEM;
 	idx = ep->free_regs[--ep->nfree_regs];
-	key = (++ep->next_gen << 16) | idx;
 	r = &ep->ctrl->regs[idx];
+	/* Unpredictable above the slot (doc/security.md), and never the slot's last key. */
+	do
+		key = (tfab__random_u64() << 16) | idx;
+	while (key == 0 || key == atomic_load_explicit(&r->key, memory_order_relaxed));
 	seg = seg_of(ep, addr, len);
 	atomic_store_explicit(&r->addr, (uintptr_t)addr, memory_order_relaxed);
 	atomic_store_explicit(&r->len, len, memory_order_relaxed);

@@ -967,6 +967,7 @@ static int tfab_verbs_open(const struct tfab_open_args *args, struct tfab_ep **e
 	ep->caps.imm_bytes = 4;
 	ep->caps.mr_addr = TFAB_MR_ADDR_VIRT;
 	ep->caps.key_bytes = 4;
+	ep->caps.prov_keys = true; /* the device's */
 	/* Longer writes go as several work requests, the immediate on the last. */
 	ep->wr_max = ep->port.max_msg_sz ? ep->port.max_msg_sz : 1u << 30;
 	ep->caps.max_msg_size = (uint64_t)ep->wr_max * (ep->sq_depth / 4 ? ep->sq_depth / 4 : 1);

@@ -110,6 +110,43 @@ static void test_mr_modes(void **state)
 	}
 }
 
+/*
+ * Remote keys the backend chooses are unpredictable (doc/security.md): the same buffer
+ * registered again and again gets keys that are distinct and far apart in the key's space
+ * (a counter's would be 1 or one slot's step apart). Keys the fabric chooses are its own.
+ */
+static void test_rkeys_unpredictable(void **state)
+{
+	enum { N = 16 };
+	uint64_t key[N], space_bits, near;
+	char *buf = xmalloc(4096);
+
+	(void)state;
+	if (H.b.caps->prov_keys) {
+		print_message("rkeys: chosen by the fabric (%s), not checked\n", H.b.caps->fabric);
+		free(buf);
+		return;
+	}
+	space_bits = H.b.caps->key_bytes && H.b.caps->key_bytes < 8 ? 8u * H.b.caps->key_bytes : 64;
+	/* A random pair lands this near one time in 2^20. */
+	near = space_bits > 20 ? 1ull << (space_bits - 20) : 0;
+	for (int i = 0; i < N; i++) {
+		struct tfab_mr *mr = harness_reg(&H.b, buf, 4096);
+
+		key[i] = mr->rkey;
+		assert_int_equal(H.ops->mr_dereg(mr), 0);
+		for (int j = 0; j < i; j++) {
+			uint64_t d = key[i] > key[j] ? key[i] - key[j] : key[j] - key[i];
+
+			if (d <= near)
+				fail_msg("keys %#llx and %#llx are %llu apart",
+					 (unsigned long long)key[j], (unsigned long long)key[i],
+					 (unsigned long long)d);
+		}
+	}
+	free(buf);
+}
+
 /* One write of len bytes at offset into a larger target, with imm; checks all of it. */
 static void write_and_check(size_t len, size_t offset, uint32_t imm)
 {
@@ -495,6 +532,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_caps),
 	    cmocka_unit_test(test_mr_modes),
+	    cmocka_unit_test(test_rkeys_unpredictable),
 	    cmocka_unit_test(test_write_integrity),
 	    cmocka_unit_test(test_zero_length),
 	    cmocka_unit_test(test_64mib),

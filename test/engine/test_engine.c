@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 
 #include "engine/engine.h"
+#include "util/sock.h"
 #include "test/common/fault_ops.h"
 #include "mp.h"
 
@@ -492,6 +493,135 @@ static int sc_key_index_reconnect(struct mp *mp)
 	CHECK_RC(tfab_peer_destroy(peer), 0);
 	CHECK_RC(tfab_context_destroy(ctx), 0);
 	CHECK_RC(mp_note(mp, "kr_left"), 0);
+	return 0;
+}
+
+/* A context created with TFAB_AUTH_KEY (key, or NULL) or TFAB_AUTH_KEY_FILE (file). */
+static int auth_context(const char *key, const char *file, struct tfab_context **ctx_p)
+{
+	int rc;
+
+	if (key)
+		setenv("TFAB_AUTH_KEY", key, 1);
+	if (file)
+		setenv("TFAB_AUTH_KEY_FILE", file, 1);
+	rc = tfab_context_create(ctx_p);
+	unsetenv("TFAB_AUTH_KEY");
+	unsetenv("TFAB_AUTH_KEY_FILE");
+	return rc;
+}
+
+/*
+ * A stranger on the port of a context with a key: it says hello as a tfab peer would, then
+ * sends a proof it made up. It must get the acceptor's hello (a nonce), then a refusal, and
+ * nothing else: no blob.
+ */
+static int auth_stranger(struct mp *mp, unsigned port)
+{
+	uint8_t msg[TFAB_PEER_BLOB_MAX], hello[38] = {'T', 'F', 'A', 'U', 1, 'C'};
+	uint8_t proof[36] = {'T', 'F', 'A', 'P'};
+	uint32_t len;
+	int fd;
+
+	for (unsigned i = 6; i < sizeof(hello); i++)
+		hello[i] = (uint8_t)(i * 37);
+	CHECK_RC(tfab__sock_connect("127.0.0.1", (uint16_t)port, WAIT_MS, &fd), 0);
+	CHECK_RC(tfab__sock_send_msg(fd, hello, sizeof(hello), WAIT_MS), 0);
+	CHECK_RC(tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, WAIT_MS), 0);
+	CHECK(len == sizeof(hello) && memcmp(msg, "TFAU", 4) == 0 && msg[5] == 'A');
+	CHECK_RC(tfab__sock_send_msg(fd, proof, sizeof(proof), WAIT_MS), 0);
+	CHECK_RC(tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, WAIT_MS), 0);
+	CHECK(len == 4 && memcmp(msg, "TFAR", 4) == 0);
+	/* and then the connection closes */
+	CHECK(tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, WAIT_MS) != 0);
+	close(fd);
+	return 0;
+}
+
+/*
+ * Authenticated peers (TFAB_AUTH_KEY, doc/security.md), on contexts of its own on the
+ * variant's path; rank 1 connects to rank 0 in rounds:
+ * 0. the same key on both sides (rank 1's from TFAB_AUTH_KEY_FILE): connected, a tensor
+ *    fetched;
+ * 1. rank 1 with another key, 2. rank 1 with none, 3. rank 0 with none and rank 1 with a
+ *    key: neither side connects, both fail with TFAB_ERR_AUTH;
+ * 4. rank 1 as a stranger (auth_stranger) is refused, and the same listening context then
+ *    accepts rank 1 with the key and serves it a tensor.
+ * A key shorter than 16 bytes, or both settings at once, fail the context with
+ * TFAB_ERR_CONFIG.
+ */
+static int sc_auth_refused(struct mp *mp)
+{
+	static const char good[] = "0123456789abcdef-shared", bad[] = "0123456789abcdef-other";
+	static const char *const rank0[] = {good, good, good, NULL, good};
+	static const char from_file[] = "(TFAB_AUTH_KEY_FILE)";
+	static const char *const rank1[] = {from_file, bad, NULL, good, good};
+	char file[] = "/tmp/tfab-auth-XXXXXX", what[32];
+	struct tfab_context *ctx;
+	struct tfab_peer *peer;
+	int fd;
+
+	CHECK_RC(auth_context("short", NULL, &ctx), -TFAB_ERR_CONFIG);
+	setenv("TFAB_AUTH_KEY_FILE", "/nonexistent/key", 1);
+	CHECK_RC(auth_context(good, NULL, &ctx), -TFAB_ERR_CONFIG);
+	fd = mkstemp(file);
+	CHECK(fd >= 0);
+	CHECK(write(fd, good, strlen(good)) == (ssize_t)strlen(good) && write(fd, "\n", 1) == 1);
+	close(fd);
+	for (int round = 0; round < 5; round++) {
+		bool ok = round == 0 || round == 4;
+		unsigned port;
+		int rc;
+
+		snprintf(what, sizeof(what), "au_port%d", round);
+		if (mp->rank == 0) {
+			uint16_t p16;
+
+			CHECK_RC(auth_context(rank0[round], NULL, &ctx), 0);
+			CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+			CHECK_RC(mp_put(mp, what, p16), 0);
+			if (round == 4) /* rank 1 is the stranger first */
+				CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), -TFAB_ERR_AUTH);
+			rc = tfab_accept(ctx, WAIT_MS, &peer);
+			if (rc != (ok ? 0 : -TFAB_ERR_AUTH))
+				fprintf(stderr, "rank 0: round %d: accept gave %s\n", round,
+					tfab_strerror(rc));
+			CHECK_RC(rc, ok ? 0 : -TFAB_ERR_AUTH);
+			if (ok) {
+				DLManagedTensor *m = NULL;
+
+				CHECK_RC(tfab_recv_sync(ctx, peer, "auth/t", round, NULL, WAIT_MS,
+							&m, NULL),
+					 0);
+				CHECK(m && bytes_match(m->dl_tensor.data, 128, 70 + round));
+				m->deleter(m);
+				snprintf(what, sizeof(what), "au_sent%d", round);
+				CHECK_RC(progress_until_note(mp, ctx, what), 0);
+			}
+			CHECK_RC(tfab_context_destroy(ctx), 0);
+			continue;
+		}
+		if (rank1[round] == from_file)
+			CHECK_RC(auth_context(NULL, file, &ctx), 0);
+		else
+			CHECK_RC(auth_context(rank1[round], NULL, &ctx), 0);
+		CHECK_RC(mp_get(mp, 0, what, &port), 0);
+		if (round == 4)
+			CHECK(auth_stranger(mp, port) == 0);
+		rc = tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer);
+		if (rc != (ok ? 0 : -TFAB_ERR_AUTH))
+			fprintf(stderr, "rank 1: round %d: connect gave %s\n", round,
+				tfab_strerror(rc));
+		CHECK_RC(rc, ok ? 0 : -TFAB_ERR_AUTH);
+		if (ok) {
+			CHECK(send_one(mp, ctx, "auth/t", round, 70 + (uint64_t)round) == 0);
+			snprintf(what, sizeof(what), "au_sent%d", round);
+			CHECK_RC(mp_note(mp, what), 0);
+		}
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+	}
+	unlink(file);
+	CHECK(mp_barrier(mp, 90) == 0);
 	return 0;
 }
 
@@ -2979,6 +3109,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "key_index", .nranks = 2, .fn = sc_key_index},
     {.name = "key_index_evict", .nranks = 2, .fn = sc_key_index_evict},
     {.name = "key_index_reconnect", .nranks = 2, .fn = sc_key_index_reconnect},
+    {.name = "auth_refused", .nranks = 2, .fn = sc_auth_refused},
     {.name = "empty_cached", .nranks = 2, .fn = sc_empty_cached},
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
