@@ -54,6 +54,14 @@ TFAB_EXPORT int tfab_tensorproto_encode_strings(const struct tfab_string_tensor 
 TFAB_EXPORT int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
 					struct tfab_string_tensor **strings_p);
 
+/*
+ * The most a decoded tensor may take: its elements' bytes (a string tensor: 16 bytes an
+ * element, besides the strings). A few bytes of TensorProto can describe a tensor of any size
+ * whose values repeat (TensorFlow fills with the last value given); one past this bound fails
+ * with -EMSGSIZE instead of taking the memory. It is protobuf's own limit on a message.
+ */
+#define TFAB_TENSORPROTO_MAX_DECODED 0x7fffffffull
+
 #ifdef __cplusplus
 }
 #endif

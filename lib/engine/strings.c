@@ -167,18 +167,13 @@ int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t
 	if (nbytes <= TFAB_WIRE_STRING_LEN)
 		return -TFAB_ERR_PROTOCOL;
 	nbytes -= TFAB_WIRE_STRING_LEN;
-	rc = tfab_tensorproto_decode((const uint8_t *)content + TFAB_WIRE_STRING_LEN, nbytes, NULL,
-				     &t);
-	if (rc)
+	/* The bytes must describe the tensor the meta-data announced: checked before decoding. */
+	rc = tfab__tensorproto_decode_shaped((const uint8_t *)content + TFAB_WIRE_STRING_LEN,
+					     nbytes, r->meta.ndim, r->meta.shape, NULL, &t);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "receive of '%s': its TensorProto is refused: %s", r->key,
+			   tfab_strerror(rc));
 		return rc;
-	/* The bytes must describe the tensor the meta-data announced. */
-	if (t->ndim != r->meta.ndim ||
-	    memcmp(t->shape, r->meta.shape, sizeof(int64_t) * (size_t)t->ndim) != 0) {
-		TFAB_ERROR(SUBSYS,
-			   "receive of '%s': the TensorProto's shape is not the meta-data's",
-			   r->key);
-		tfab_string_tensor_free(t);
-		return -TFAB_ERR_PROTOCOL;
 	}
 	r->ctx->stats.bytes_copied += nbytes;
 	r->sout = t;

@@ -275,6 +275,17 @@ static int bad(const char *why)
 	return -TFAB_ERR_PROTOCOL;
 }
 
+/* A few bytes can describe a tensor of any size, its values repeated: bounded here. */
+static int too_big(uint64_t count, uint64_t bytes)
+{
+	TFAB_ERROR(SUBSYS,
+		   "a TensorProto of %llu elements would take %llu bytes decoded, more than "
+		   "TFAB_TENSORPROTO_MAX_DECODED (%llu)",
+		   (unsigned long long)count, (unsigned long long)bytes,
+		   (unsigned long long)TFAB_TENSORPROTO_MAX_DECODED);
+	return -EMSGSIZE;
+}
+
 /*
  * TensorFlow's reading of a typed field (FromProtoField in its tensor.cc): n values for count
  * elements, the last one repeated when there are fewer, zeros when there are none, and only
@@ -395,6 +406,8 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 	if (count > UINT64_MAX / 16)
 		return bad("too many elements");
 	nbytes = count * (dt.bits / 8);
+	if (nbytes > TFAB_TENSORPROTO_MAX_DECODED)
+		return too_big(count, nbytes);
 	/* With no elements TensorFlow reads neither tensor_content nor the values. */
 	if (nbytes && m->tensor_content.len) {
 		if (m->tensor_content.len != nbytes)
@@ -474,6 +487,8 @@ static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 
 	if (count > (SIZE_MAX - sizeof(*o)) / sizeof(struct tfab_string))
 		return bad("too many elements");
+	if (count > TFAB_TENSORPROTO_MAX_DECODED / sizeof(struct tfab_string))
+		return too_big(count, count * sizeof(struct tfab_string));
 	/* Each length takes a byte at least: refuse before allocating for them. */
 	if (count && m->tensor_content.len && count > m->tensor_content.len)
 		return bad("string lengths cut short in tensor_content");
@@ -513,6 +528,13 @@ static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
 			    struct tfab_string_tensor **strings_p)
 {
+	return tfab__tensorproto_decode_shaped(buf, len, -1, NULL, tensor_p, strings_p);
+}
+
+int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim,
+				    const int64_t *expect_shape, DLManagedTensor **tensor_p,
+				    struct tfab_string_tensor **strings_p)
+{
 	Tensorflow__TensorProto *m;
 	int64_t shape[TFAB_MAX_DIMS];
 	uint64_t count = 1;
@@ -549,6 +571,13 @@ int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tenso
 			goto out;
 		}
 		count *= (uint64_t)d;
+	}
+	/* Before anything is allocated for it. */
+	if (expect_ndim >= 0 &&
+	    (ndim != expect_ndim ||
+	     (ndim && memcmp(shape, expect_shape, sizeof(int64_t) * (size_t)ndim) != 0))) {
+		rc = bad("its shape is not the one expected");
+		goto out;
 	}
 	if (m->dtype == TENSORFLOW__DATA_TYPE__DT_STRING) {
 		if (!strings_p) {

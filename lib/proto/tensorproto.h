@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include <dlpack/dlpack.h>
+
 #include <tfab/strings.h>
 
 /*
@@ -13,6 +15,14 @@
 int tfab__tensorproto_pack_strings(const struct tfab_string_tensor *t,
 				   int (*alloc)(void *arg, size_t len, void **buf_p), void *arg,
 				   void **buf_p, size_t *len_p);
+
+/*
+ * tfab_tensorproto_decode, refusing (-TFAB_ERR_PROTOCOL) a shape other than expect_ndim
+ * dimensions of expect_shape before it allocates anything; expect_ndim -1 takes any.
+ */
+int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim,
+				    const int64_t *expect_shape, DLManagedTensor **tensor_p,
+				    struct tfab_string_tensor **strings_p);
 
 /* A string tensor with no elements (a dimension is 0), of that shape; NULL without memory. */
 struct tfab_string_tensor *tfab__strings_empty(int ndim, const int64_t *shape);

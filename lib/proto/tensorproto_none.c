@@ -32,6 +32,14 @@ int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tenso
 	return none();
 }
 
+int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim,
+				    const int64_t *expect_shape, DLManagedTensor **tensor_p,
+				    struct tfab_string_tensor **strings_p)
+{
+	(void)expect_ndim, (void)expect_shape;
+	return tfab_tensorproto_decode(buf, len, tensor_p, strings_p);
+}
+
 void tfab_string_tensor_free(struct tfab_string_tensor *t)
 {
 	(void)t; /* no build without protobuf-c makes one */

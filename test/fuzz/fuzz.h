@@ -6,6 +6,7 @@
 #ifndef TFAB_TEST_FUZZ_H
 #define TFAB_TEST_FUZZ_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -17,6 +17,8 @@
 #include <tfab/status.h>
 #include <tfab/tensorproto.h>
 
+#include "proto/tensorproto.h"
+
 #include "tensorproto_vectors.h"
 
 #define NVEC (sizeof(tp_vectors) / sizeof(tp_vectors[0]))
@@ -269,6 +271,54 @@ static void test_bad_shape_or_dtype_refused(void **state)
 	refuse_group("dtype_");
 }
 
+/*
+ * A few bytes whose repeated value would fill more than TFAB_TENSORPROTO_MAX_DECODED: refused
+ * with -EMSGSIZE before anything is allocated (the fuzzer found 64 bytes that took 1.25 GB and
+ * seconds; this bound keeps a peer's few bytes from taking more than protobuf's 2 GiB).
+ */
+static void test_huge_fill_refused(void **state)
+{
+	/* DT_BOOL, shape [65536, 65536] (4 GiB of bools), bool_val true */
+	static const uint8_t bools[] = {0x08, 0x0a, 0x12, 0x0c, 0x12, 0x04, 0x08, 0x80, 0x80,
+					0x04, 0x12, 0x04, 0x08, 0x80, 0x80, 0x04, 0x58, 0x01};
+	/* DT_STRING, shape [2^28]: 4 GiB of string entries, all empty */
+	static const uint8_t strings[] = {0x08, 0x07, 0x12, 0x08, 0x12, 0x06,
+					  0x08, 0x80, 0x80, 0x80, 0x80, 0x01};
+	struct tfab_string_tensor *s = NULL;
+	DLManagedTensor *t = NULL;
+
+	(void)state;
+	assert_int_equal(tfab_tensorproto_decode(bools, sizeof(bools), &t, &s), -EMSGSIZE);
+	assert_null(t);
+	assert_int_equal(tfab_tensorproto_decode(strings, sizeof(strings), &t, &s), -EMSGSIZE);
+	assert_null(s);
+}
+
+/* The engine's decode of a string tensor refuses a shape other than the meta-data's first. */
+static void test_shape_expected(void **state)
+{
+	/* DT_FLOAT, shape [3], float_val 1.0 */
+	static const uint8_t f3[] = {0x08, 0x01, 0x12, 0x04, 0x12, 0x02, 0x08,
+				     0x03, 0x2a, 0x04, 0x00, 0x00, 0x80, 0x3f};
+	/* DT_BOOL, shape [65536, 65536]: refused for its shape, not decoded */
+	static const uint8_t bools[] = {0x08, 0x0a, 0x12, 0x0c, 0x12, 0x04, 0x08, 0x80, 0x80,
+					0x04, 0x12, 0x04, 0x08, 0x80, 0x80, 0x04, 0x58, 0x01};
+	const int64_t three = 3, one = 1;
+	DLManagedTensor *t = NULL;
+
+	(void)state;
+	assert_int_equal(tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1, &one, &t, NULL),
+			 -TFAB_ERR_PROTOCOL);
+	assert_int_equal(tfab__tensorproto_decode_shaped(f3, sizeof(f3), 0, NULL, &t, NULL),
+			 -TFAB_ERR_PROTOCOL);
+	assert_int_equal(tfab__tensorproto_decode_shaped(bools, sizeof(bools), 1, &one, &t, NULL),
+			 -TFAB_ERR_PROTOCOL);
+	assert_int_equal(tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1, &three, &t, NULL), 0);
+	assert_non_null(t);
+	assert_true(((float *)t->dl_tensor.data)[2] == 1.0f);
+	t->deleter(t);
+}
+
 /* Round trip through tfab alone, with a larger tensor than the vectors hold. */
 static void test_round_trip_large(void **state)
 {
@@ -358,6 +408,8 @@ int main(void)
 	    cmocka_unit_test(test_decode_protoc_bytes),
 	    cmocka_unit_test(test_round_trip_large),
 	    cmocka_unit_test(test_refusals),
+	    cmocka_unit_test(test_huge_fill_refused),
+	    cmocka_unit_test(test_shape_expected),
 	    cmocka_unit_test(test_no_shape_is_scalar),
 	    cmocka_unit_test(test_unknown_rank_ignored),
 	    cmocka_unit_test(test_more_values_truncated),
