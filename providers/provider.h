@@ -50,7 +50,7 @@ struct tfab_caps {
 	char domain[64];     /* "lo", "rxe0" */
 	unsigned imm_bytes;  /* width of the immediate the engine may use (4) */
 	enum tfab_mr_addr_mode mr_addr;
-	unsigned key_bytes;    /* significant bytes of a remote key */
+	unsigned key_bytes; /* significant bytes of a remote key */
 	/*
 	 * The fabric chooses remote keys (verbs, FI_MR_PROV_KEY); otherwise the backend does, at
 	 * random (doc/security.md).

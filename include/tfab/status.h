@@ -35,6 +35,8 @@ enum tfab_status {
 	TFAB_ERR_VERSION = 264,
 	/* The peer did not prove it holds TFAB_AUTH_KEY, or asked us to and we do not. */
 	TFAB_ERR_AUTH = 265,
+	/* An operation saw nothing from its peer for TFAB_OP_TIMEOUT_MS. */
+	TFAB_ERR_TIMEOUT = 266,
 	TFAB_ERR_LAST
 };
 

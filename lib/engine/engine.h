@@ -202,6 +202,7 @@ struct tfab_request {
 	bool standing;
 	bool lazy_taken;
 	struct tfab_list ahead_link;
+	uint64_t since_ms; /* TFAB_OP_TIMEOUT_MS counts from here: posted, or the last answer */
 	/* The large members last: a new request zeroes only what comes before them. */
 	struct tfab_wire_meta meta; /* what the destination was sized for */
 	char key[TFAB_MAX_KEY + 1];
@@ -246,12 +247,13 @@ struct tfab_send {
 	bool data_pool; /* data is a pool block of ours (a serialized tensor), mr its region */
 	struct tfab_mr *mr;
 	enum tfab_send_state state;
-	bool in_flight; /* a content write is posted and not completed */
-	bool orphan;	/* failed while in flight: freed when the write completes */
-	bool taken;	/* TAKEN came before the write's completion */
-	bool cancelled; /* CANCEL came while writing: offered again once the write is done */
-	bool tracked;	/* resp is in its peer's answers */
-	int write_err;	/* the first failure among the writes of this answer */
+	bool in_flight;	      /* a content write is posted and not completed */
+	bool orphan;	      /* failed while in flight: freed when the write completes */
+	bool taken;	      /* TAKEN came before the write's completion */
+	bool cancelled;	      /* CANCEL came while writing: offered again once the write is done */
+	bool tracked;	      /* resp is in its peer's answers */
+	int write_err;	      /* the first failure among the writes of this answer */
+	uint64_t answered_ms; /* since when the verdict is due (TFAB_OP_TIMEOUT_MS) */
 	/* A GPU source through a host proxy (data is on the GPU, mr the proxy's region). */
 	bool gpu;
 	void *proxy;
@@ -419,6 +421,13 @@ void tfab__key_index_free(struct tfab_peer *peer);
 /* How many requests receives of the key from peer keep standing ahead (0: none). */
 unsigned tfab__ahead_depth(struct tfab_peer *peer, const char *key, uint16_t key_len);
 void tfab__ahead_free(struct tfab_peer *peer);
+
+/*
+ * TFAB_OP_TIMEOUT_MS (called with the liveness checks): receives from peer that got nothing
+ * from it, and sends whose verdict has not come, for that long fail with TFAB_ERR_TIMEOUT.
+ */
+void tfab__recv_deadlines(struct tfab_peer *peer, uint64_t now_ms);
+void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms);
 
 /* Authenticated bootstrap (auth.c, doc/security.md). */
 #define TFAB_AUTH_NONCE 32

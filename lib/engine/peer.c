@@ -1094,6 +1094,11 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 		if (bootstrap_closed(peer))
 			peer->closed_at_ms = now;
 	}
+	tfab_list_for_each_safe(l, t, &ctx->peers)
+	{
+		tfab__recv_deadlines(tfab_container_of(l, struct tfab_peer, link), now);
+	}
+	tfab__send_deadlines(ctx, now);
 }
 
 /* The meta-data cache: per peer, by key. */

@@ -499,6 +499,7 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		tfab__request_fail(r, m->status, false);
 		return;
 	}
+	r->since_ms = tfab__coarse_ms(); /* an answer: the peer is working on it */
 	/* META_DATA: the sender's tensor differs from what we asked for, or needs no content. */
 	if ((m->meta.dtype_code == TFAB_WIRE_DTYPE_STRING) != r->strings) {
 		TFAB_ERROR(SUBSYS, "receive of '%s' step %lld: the sender has a %s tensor: use %s",
@@ -553,6 +554,7 @@ static int request_new(struct tfab_context *ctx, struct tfab_peer *peer, const c
 	memcpy(r->key, key, key_len);
 	r->key[key_len] = '\0';
 	r->state = TFAB_REQ_REQUESTED;
+	r->since_ms = tfab__coarse_ms();
 	tfab__list_init(&r->link);
 	tfab__list_init(&r->done_link);
 	tfab__list_init(&r->ahead_link);
@@ -746,6 +748,7 @@ static void ahead_adopt(struct tfab_request *r, const struct tfab_recv_args *a,
 	tfab__list_del(&r->ahead_link);
 	tfab__list_init(&r->ahead_link);
 	r->standing = false;
+	r->since_ms = tfab__coarse_ms(); /* an operation from now */
 	r->cb = a->cb;
 	r->arg = a->arg;
 	r->sync = sync;
@@ -756,6 +759,33 @@ static void ahead_adopt(struct tfab_request *r, const struct tfab_recv_args *a,
 		   r->state == TFAB_REQ_LANDED ? ", landed" : "");
 	if (r->state == TFAB_REQ_LANDED)
 		request_take(r, r->meta.nbytes);
+}
+
+void tfab__recv_deadlines(struct tfab_peer *peer, uint64_t now_ms)
+{
+	uint64_t limit = peer->ctx->cfg.op_timeout_ms;
+	struct tfab_list *l, *t;
+
+	if (!limit || peer->failed)
+		return;
+	tfab_list_for_each_safe(l, t, &peer->requests)
+	{
+		struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
+
+		/* Standing requests are no operation yet; blocking receives have their own. */
+		if (r->standing || r->sync || r->state != TFAB_REQ_REQUESTED ||
+		    now_ms - r->since_ms < limit)
+			continue;
+		TFAB_WARN(SUBSYS,
+			  "receive of '%s' step %lld from peer %u: nothing from the peer for %llu "
+			  "ms (waiting for the tensor: its content, or meta-data); failed "
+			  "(TFAB_OP_TIMEOUT_MS)",
+			  r->key, (long long)r->step, peer->id,
+			  (unsigned long long)(now_ms - r->since_ms));
+		tfab__request_fail(r, -TFAB_ERR_TIMEOUT, true);
+		if (peer->failed)
+			return;
+	}
 }
 
 void tfab__ahead_drop(struct tfab_meta_entry *e)

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "util/log.h"
+#include "util/time.h"
 
 #define SUBSYS TFAB_ENGINE_SUBSYS
 
@@ -504,6 +505,7 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 	if (rc == 0 && no_content) {
 		/* Delivered once the receive takes it, like content. */
 		s->state = TFAB_SEND_ANSWERED;
+		s->answered_ms = tfab__coarse_ms();
 		rc = track(s);
 	} else if (rc == 0) {
 		s->state = TFAB_SEND_WAITING;
@@ -665,8 +667,33 @@ static void writes_settled(struct tfab_context *ctx, struct tfab_send *s)
 		send_finish(ctx, s, 0);
 	else if (s->cancelled)
 		send_reoffer(ctx, s);
-	else
+	else {
 		s->state = TFAB_SEND_ANSWERED;
+		s->answered_ms = tfab__coarse_ms();
+	}
+}
+
+void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms)
+{
+	uint64_t limit = ctx->cfg.op_timeout_ms;
+	struct tfab_list *l, *t;
+
+	if (!limit)
+		return;
+	tfab_list_for_each_safe(l, t, &ctx->sends_live)
+	{
+		struct tfab_send *s = tfab_container_of(l, struct tfab_send, live_link);
+
+		if (s->state != TFAB_SEND_ANSWERED || now_ms - s->answered_ms < limit)
+			continue;
+		TFAB_WARN(SUBSYS,
+			  "send of '%s' step %lld to peer %u: no verdict from the peer for %llu ms "
+			  "(waiting for its receive to take what it has); failed "
+			  "(TFAB_OP_TIMEOUT_MS)",
+			  s->key, (long long)s->step, s->resp.peer->id,
+			  (unsigned long long)(now_ms - s->answered_ms));
+		send_finish(ctx, s, -TFAB_ERR_TIMEOUT);
+	}
 }
 
 void tfab__send_on_write_done(struct tfab_send *s, int status)

@@ -14,6 +14,7 @@ struct tfab_config {
 	char provider[64];	     /* TFAB_PROVIDER */
 	int log_level;		     /* TFAB_LOG_LEVEL */
 	unsigned connect_timeout_ms; /* TFAB_CONNECT_TIMEOUT_MS */
+	unsigned op_timeout_ms;	     /* TFAB_OP_TIMEOUT_MS, 0 for none */
 	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */

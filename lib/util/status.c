@@ -14,6 +14,7 @@ static const char *const own_codes[TFAB_ERR_LAST - TFAB_ERR_FIRST] = {
     [TFAB_ERR_CONFIG - TFAB_ERR_FIRST] = "Invalid configuration setting",
     [TFAB_ERR_VERSION - TFAB_ERR_FIRST] = "Protocol version mismatch",
     [TFAB_ERR_AUTH - TFAB_ERR_FIRST] = "Peer not authenticated",
+    [TFAB_ERR_TIMEOUT - TFAB_ERR_FIRST] = "No progress from the peer within TFAB_OP_TIMEOUT_MS",
 };
 
 const char *tfab_strerror(int status)

@@ -625,6 +625,102 @@ static int sc_auth_refused(struct mp *mp)
 	return 0;
 }
 
+/* Progress ctx until d has n completions; false when nothing moves for the stall limit. */
+static bool wait_ctx(struct mp *mp, struct tfab_context *ctx, struct done *d, int n)
+{
+	struct mp_watch w;
+
+	mp_watch_start(&w, mp, ctx, "completions", done_n(d));
+	while (done_n(d) < n) {
+		tfab_progress(ctx);
+		if (mp_watch_stalled(&w, done_n(d)))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The stall deadline (TFAB_OP_TIMEOUT_MS, 300 here), on contexts of its own:
+ * - rank 0's receive of a tensor rank 1 never sends fails with TFAB_ERR_TIMEOUT, not before
+ *   the deadline; a blocking receive keeps its own timeout (-ETIMEDOUT);
+ * - rank 1's send of step 3 of "v" lands on a request rank 0 posted ahead (no-request mode)
+ *   that no receive takes for longer than the deadline: the send fails with
+ *   TFAB_ERR_TIMEOUT. Rank 0's receive of it later still gets the tensor;
+ * - the peer itself is not failed: a tensor sent after all this arrives.
+ */
+static int sc_op_timeout(struct mp *mp)
+{
+	enum { LIMIT_MS = 300 };
+	struct tfab_context *ctx;
+	struct tfab_peer *peer;
+	DLManagedTensor *m = NULL;
+	struct done d = {0};
+	uint64_t t0;
+	unsigned port;
+
+	setenv("TFAB_OP_TIMEOUT_MS", "300", 1);
+	CHECK_RC(tfab_context_create(&ctx), 0);
+	unsetenv("TFAB_OP_TIMEOUT_MS");
+	if (mp->rank == 0) {
+		uint16_t p16;
+
+		CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+		CHECK_RC(mp_put(mp, "ot_port", p16), 0);
+		CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+		CHECK_RC(tfab_recv_ahead(ctx, peer, "v", 2), 0);
+		for (int step = 1; step <= 2; step++) {
+			CHECK_RC(tfab_recv_sync(ctx, peer, "v", step, NULL, WAIT_MS, &m, NULL), 0);
+			CHECK(bytes_match(m->dl_tensor.data, 128, 80 + (uint64_t)step));
+			m->deleter(m);
+		}
+		t0 = ms_now();
+		CHECK_RC(tfab_recv(ctx, peer, "never", 1, NULL, on_recv, &d), 0);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "never/sync", 1, NULL, LIMIT_MS * 2, &m, NULL),
+			 -ETIMEDOUT);
+		CHECK(wait_ctx(mp, ctx, &d, 1));
+		if (d.last_status != -TFAB_ERR_TIMEOUT)
+			fprintf(stderr, "rank 0: the receive ended with %s\n",
+				tfab_strerror(d.last_status));
+		CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_TIMEOUT);
+		CHECK(ms_now() - t0 >= LIMIT_MS);
+		CHECK_RC(progress_until_note(mp, ctx, "ot_v3"), 0);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "v", 3, NULL, WAIT_MS, &m, NULL), 0);
+		CHECK(bytes_match(m->dl_tensor.data, 128, 83));
+		m->deleter(m);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "after", 4, NULL, WAIT_MS, &m, NULL), 0);
+		CHECK(bytes_match(m->dl_tensor.data, 128, 84));
+		m->deleter(m);
+		CHECK_RC(progress_until_note(mp, ctx, "ot_sent"), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		CHECK(mp_barrier(mp, 91) == 0);
+		return 0;
+	}
+	CHECK_RC(mp_get(mp, 0, "ot_port", &port), 0);
+	CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+	for (int step = 1; step <= 2; step++)
+		CHECK(send_one(mp, ctx, "v", step, 80 + (uint64_t)step) == 0);
+	{
+		int64_t shape[1] = {32};
+		struct tensor t;
+
+		tensor_make(&t, f32, 1, shape);
+		tensor_fill(&t, 83);
+		CHECK_RC(tfab_send(ctx, "v", 3, &t.dl, false, on_sent, &d), 0);
+		CHECK(wait_ctx(mp, ctx, &d, 1));
+		if (d.last_status != -TFAB_ERR_TIMEOUT)
+			fprintf(stderr, "rank 1: the send ended with %s\n",
+				tfab_strerror(d.last_status));
+		CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_TIMEOUT);
+		tensor_free(&t);
+	}
+	CHECK_RC(mp_note(mp, "ot_v3"), 0);
+	CHECK(send_one(mp, ctx, "after", 4, 84) == 0);
+	CHECK_RC(mp_note(mp, "ot_sent"), 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK(mp_barrier(mp, 91) == 0);
+	return 0;
+}
+
 /*
  * Key indexes retired: KEYS keys, each fetched twice in a row (the second request announces
  * its index), in two rounds. With the meta-data cache bounded (TFAB_META_CACHE_ENTRIES, 256
@@ -3110,6 +3206,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "key_index_evict", .nranks = 2, .fn = sc_key_index_evict},
     {.name = "key_index_reconnect", .nranks = 2, .fn = sc_key_index_reconnect},
     {.name = "auth_refused", .nranks = 2, .fn = sc_auth_refused},
+    {.name = "op_timeout", .nranks = 2, .fn = sc_op_timeout},
     {.name = "empty_cached", .nranks = 2, .fn = sc_empty_cached},
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
