@@ -194,10 +194,50 @@ static int unexpected(int fd, const uint8_t *m, uint32_t len, int timeout_ms, bo
 	return refuse(fd, timeout_ms, "it did not authenticate (no TFAB_AUTH_KEY there?)");
 }
 
+static int hello_send(int fd, const struct tfab_auth *a, int timeout_ms)
+{
+	uint8_t msg[HELLO_LEN];
+
+	memcpy(msg, hello_magic, MAGIC_LEN);
+	msg[MAGIC_LEN] = AUTH_VERSION;
+	msg[MAGIC_LEN + 1] = a->acceptor ? 'A' : 'C';
+	memcpy(msg + MAGIC_LEN + 2, a->nonce_self, TFAB_AUTH_NONCE);
+	return tfab__sock_send_msg(fd, msg, HELLO_LEN, timeout_ms);
+}
+
+/* The other side's hello, its nonce into a; anything else is refused. */
+static int hello_recv(int fd, struct tfab_auth *a, int timeout_ms)
+{
+	uint8_t msg[HELLO_LEN];
+	uint32_t len;
+	int rc = tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, timeout_ms);
+
+	if (rc == -EMSGSIZE) /* a blob: a peer without a key */
+		return unexpected(fd, msg, 0, timeout_ms, true);
+	if (rc)
+		return rc;
+	if (len != HELLO_LEN || memcmp(msg, hello_magic, MAGIC_LEN) ||
+	    msg[MAGIC_LEN] != AUTH_VERSION || msg[MAGIC_LEN + 1] != (a->acceptor ? 'C' : 'A'))
+		return unexpected(fd, msg, len, timeout_ms, true);
+	memcpy(a->nonce_peer, msg + MAGIC_LEN + 2, TFAB_AUTH_NONCE);
+	return 0;
+}
+
+static int proof_send(const struct tfab_context *ctx, int fd, const struct tfab_auth *a,
+		      int timeout_ms)
+{
+	uint8_t msg[PROOF_LEN];
+	int rc;
+
+	memcpy(msg, proof_magic, MAGIC_LEN);
+	rc = mac(ctx, a, "proof", a->acceptor, NULL, 0, msg + MAGIC_LEN);
+	return rc ? rc : tfab__sock_send_msg(fd, msg, PROOF_LEN, timeout_ms);
+}
+
 int tfab__auth_handshake(struct tfab_context *ctx, int fd, bool acceptor, int timeout_ms,
 			 struct tfab_auth *a)
 {
-	uint8_t msg[HELLO_LEN > PROOF_LEN ? HELLO_LEN : PROOF_LEN], want[TFAB_AUTH_MAC];
+	uint8_t msg[PROOF_LEN], want[TFAB_AUTH_MAC];
 	uint32_t len;
 	int rc;
 
@@ -208,44 +248,20 @@ int tfab__auth_handshake(struct tfab_context *ctx, int fd, bool acceptor, int ti
 	a->on = true;
 	if (RAND_bytes(a->nonce_self, TFAB_AUTH_NONCE) != 1)
 		return -EIO;
-	memcpy(msg, hello_magic, MAGIC_LEN);
-	msg[MAGIC_LEN] = AUTH_VERSION;
-	msg[MAGIC_LEN + 1] = acceptor ? 'A' : 'C';
-	memcpy(msg + MAGIC_LEN + 2, a->nonce_self, TFAB_AUTH_NONCE);
 	if (acceptor) {
 		/* The connector's hello first: a stranger gets nothing until it sent one. */
-		rc = tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, timeout_ms);
-		if (rc == -EMSGSIZE) /* a blob: a peer without a key */
-			return unexpected(fd, msg, 0, timeout_ms, true);
-		if (rc)
-			return rc;
-		if (len != HELLO_LEN || memcmp(msg, hello_magic, MAGIC_LEN) ||
-		    msg[MAGIC_LEN] != AUTH_VERSION || msg[MAGIC_LEN + 1] != 'C')
-			return unexpected(fd, msg, len, timeout_ms, true);
-		memcpy(a->nonce_peer, msg + MAGIC_LEN + 2, TFAB_AUTH_NONCE);
-		memcpy(msg, hello_magic, MAGIC_LEN);
-		msg[MAGIC_LEN + 1] = 'A';
-		memcpy(msg + MAGIC_LEN + 2, a->nonce_self, TFAB_AUTH_NONCE);
-		rc = tfab__sock_send_msg(fd, msg, HELLO_LEN, timeout_ms);
+		rc = hello_recv(fd, a, timeout_ms);
+		if (rc == 0)
+			rc = hello_send(fd, a, timeout_ms);
 		if (rc)
 			return rc;
 	} else {
-		rc = tfab__sock_send_msg(fd, msg, HELLO_LEN, timeout_ms);
+		rc = hello_send(fd, a, timeout_ms);
 		if (rc == 0)
-			rc = tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, timeout_ms);
-		if (rc == -EMSGSIZE) /* its blob: a peer without a key */
-			return unexpected(fd, msg, 0, timeout_ms, true);
+			rc = hello_recv(fd, a, timeout_ms);
 		if (rc)
 			return rc;
-		if (len != HELLO_LEN || memcmp(msg, hello_magic, MAGIC_LEN) ||
-		    msg[MAGIC_LEN] != AUTH_VERSION || msg[MAGIC_LEN + 1] != 'A')
-			return unexpected(fd, msg, len, timeout_ms, true);
-		memcpy(a->nonce_peer, msg + MAGIC_LEN + 2, TFAB_AUTH_NONCE);
-		/* Our proof first. */
-		memcpy(msg, proof_magic, MAGIC_LEN);
-		rc = mac(ctx, a, "proof", false, NULL, 0, msg + MAGIC_LEN);
-		if (rc == 0)
-			rc = tfab__sock_send_msg(fd, msg, PROOF_LEN, timeout_ms);
+		rc = proof_send(ctx, fd, a, timeout_ms); /* ours first */
 		if (rc)
 			return rc;
 	}
@@ -263,13 +279,7 @@ int tfab__auth_handshake(struct tfab_context *ctx, int fd, bool acceptor, int ti
 	if (len != PROOF_LEN || memcmp(msg, proof_magic, MAGIC_LEN) ||
 	    CRYPTO_memcmp(msg + MAGIC_LEN, want, TFAB_AUTH_MAC) != 0)
 		return refuse(fd, timeout_ms, "a wrong proof of TFAB_AUTH_KEY");
-	if (acceptor) {
-		memcpy(msg, proof_magic, MAGIC_LEN);
-		rc = mac(ctx, a, "proof", true, NULL, 0, msg + MAGIC_LEN);
-		if (rc == 0)
-			rc = tfab__sock_send_msg(fd, msg, PROOF_LEN, timeout_ms);
-	}
-	return rc;
+	return acceptor ? proof_send(ctx, fd, a, timeout_ms) : 0;
 }
 
 int tfab__auth_blob_send(struct tfab_context *ctx, int fd, const struct tfab_auth *a,
