@@ -12,7 +12,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <tfab/log.h>
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Refusals are the point of a fuzz target: not logged (a line each would slow it tenfold). */
+static inline void fuzz_quiet(void)
+{
+	static bool quiet;
+
+	if (!quiet)
+		tfab_log_set_level(TFAB_LOG_NONE);
+	quiet = true;
+}
 
 /* A property the input broke: reported, then abort() (libFuzzer keeps the input). */
 #define FUZZ_CHECK(cond)                                                                         \

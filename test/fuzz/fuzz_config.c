@@ -17,8 +17,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const struct tfab_config_entry *e;
 	uint64_t v;
 
+	fuzz_quiet();
+
 	if (!ready) {
-		FUZZ_CHECK(tfab__config_init(&cfg, err, sizeof(err)) == 0 || 1);
+		(void)tfab__config_init(&cfg, err,
+					sizeof(err)); /* the environment's, or defaults */
 		ready = 1;
 	}
 	if (size > 4096)

@@ -92,6 +92,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct tfab_string_tensor *s = NULL;
 	DLManagedTensor *t = NULL;
 
+	fuzz_quiet();
+
 	if (too_big_to_fuzz(data, size))
 		return 0;
 	if (tfab_tensorproto_decode(data, size, &t, &s) != 0) {

@@ -36,6 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct tfab_wire_blob b;
 	size_t len;
 
+	fuzz_quiet();
+
 	/* Each path's address alone too, so that the parsers see inputs the blob never holds. */
 	if (size > 0) {
 		struct tfab_wire_path p = {.addr = data + 1, .addr_len = (uint16_t)(size - 1)};

@@ -17,6 +17,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t off = 0, len;
 	int rc;
 
+	fuzz_quiet();
+
 	if (size > sizeof(out))
 		return 0; /* no slot is larger */
 	(void)tfab__wire_msg_decode(data, size, &m);
