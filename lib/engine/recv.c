@@ -271,10 +271,6 @@ static int dest_prepare(struct tfab_request *r)
 	return 0;
 }
 
-/*
- * e: the key's meta-data entry, or NULL (then the request names the key in full). queue: it
- * waits for the next flush, which writes it with the others queued.
- */
 /* Where r's content goes, as the sender sees it. */
 static struct tfab_wire_ahead request_dest(const struct tfab_request *r)
 {
@@ -288,7 +284,10 @@ static struct tfab_wire_ahead request_dest(const struct tfab_request *r)
 	return d;
 }
 
-/* r's TENSOR_REQUEST, naming its key as the key index of e (if any) allows. */
+/*
+ * r's TENSOR_REQUEST. e: the key's meta-data entry, or NULL (then the request names the key in
+ * full); its key index names the key where it can.
+ */
 static struct tfab_wire_msg request_msg(struct tfab_request *r, struct tfab_meta_entry *e)
 {
 	struct tfab_wire_ahead d = request_dest(r);
@@ -311,7 +310,10 @@ static struct tfab_wire_msg request_msg(struct tfab_request *r, struct tfab_meta
 	return m;
 }
 
-/* Send (or queue, for the next flush) m, which request_msg made for e's key. */
+/*
+ * Send m, which request_msg made for e's key; or queue it (queue), for the next flush to write
+ * with the others queued.
+ */
 static int request_msg_send(struct tfab_peer *peer, const struct tfab_wire_msg *m,
 			    struct tfab_meta_entry *e, bool queue)
 {
