@@ -319,6 +319,15 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	rc = tfab__config_init(&ctx->cfg, err, sizeof(err));
 	if (rc == 0)
 		rc = tfab__auth_load(ctx, err, sizeof(err));
+	ctx->inflight_limit = ctx->cfg.peer_max_inflight;
+	if (ctx->inflight_limit == UINT64_MAX) {
+		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+		ctx->inflight_limit =
+		    pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : UINT64_MAX;
+	} else if (ctx->inflight_limit == 0) {
+		ctx->inflight_limit = UINT64_MAX;
+	}
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "%s", err);
 		goto err;

@@ -88,6 +88,7 @@ struct tfab_peer {
 	bool connected;
 	int failed;	       /* 0, or the status its operations fail with */
 	int sock;	       /* bootstrap connection watched for the peer's death, or -1 */
+	uint64_t inflight;     /* bytes of pool destinations its requests hold */
 	uint64_t closed_at_ms; /* when the bootstrap connection closed, or 0 */
 	/* Our inbox: the peer writes messages into it. */
 	uint8_t *inbox;
@@ -309,7 +310,8 @@ struct tfab_context {
 	uint64_t next_liveness_ms;
 	uint8_t auth_key[256]; /* TFAB_AUTH_KEY(_FILE): auth_key_len bytes, 0 when unset */
 	size_t auth_key_len;
-	uint64_t progress_gen; /* progress calls so far */
+	uint64_t inflight_limit; /* TFAB_PEER_MAX_INFLIGHT resolved: UINT64_MAX for none */
+	uint64_t progress_gen;	 /* progress calls so far */
 	/* Every peer's meta-data cache entries, least recently used first; at most the bound. */
 	struct tfab_list meta_lru;
 	size_t meta_count;

@@ -95,10 +95,41 @@ static struct tfab_request *request_find(struct tfab_context *ctx, uint32_t inde
  * just cancelled): a pool block waits for the peer's verdict, a caller's buffer is
  * deregistered.
  */
+/*
+ * A pool destination of n bytes for r, within what the requests to its peer may hold
+ * (TFAB_PEER_MAX_INFLIGHT): the peer's meta-data sizes it, so a peer cannot make us take more.
+ */
+static int pool_dest(struct tfab_request *r, uint64_t n)
+{
+	struct tfab_context *ctx = r->ctx;
+	struct tfab_peer *peer = r->peer;
+	int rc;
+
+	if (n > ctx->inflight_limit - peer->inflight) {
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld from peer %u: a %llu-byte destination would "
+			   "put %llu bytes in flight to the peer, past TFAB_PEER_MAX_INFLIGHT "
+			   "(%llu)",
+			   r->key, (long long)r->step, peer->id, (unsigned long long)n,
+			   (unsigned long long)(peer->inflight + n),
+			   (unsigned long long)ctx->inflight_limit);
+		return -EMSGSIZE;
+	}
+	rc = tfab__pool_alloc(ctx->pool, peer->path->index, n, &r->dest, &r->dest_mr);
+	if (rc)
+		return rc;
+	r->dest_pool = true;
+	r->dest_cap = n;
+	peer->inflight += n;
+	return 0;
+}
+
 static void dest_release(struct tfab_request *r, bool discard)
 {
 	struct tfab_context *ctx = r->ctx;
 
+	if (r->dest_pool && r->dest)
+		r->peer->inflight -= r->dest_cap;
 	if (r->dest_pool && r->dest) {
 		if (discard)
 			tfab__peer_hold_dest(r->peer, r->dest);
@@ -244,14 +275,10 @@ static int dest_prepare(struct tfab_request *r)
 			return rc;
 		if (tfab__on_gpu(r->user_dest)) {
 			/* Through a registered host proxy, copied to the GPU when it is full. */
-			rc = tfab__pool_alloc(ctx->pool, r->peer->path->index, n, &r->dest,
-					      &r->dest_mr);
-			if (rc)
-				return rc;
-			r->dest_pool = true;
-			r->dest_cap = n;
-			r->gpu_dest = data;
-			return 0;
+			rc = pool_dest(r, n);
+			if (rc == 0)
+				r->gpu_dest = data;
+			return rc;
 		}
 		rc = tfab__mr_cache_get(r->peer->path->mr_cache, data, um.nbytes,
 					TFAB_MR_REMOTE_WRITE, &r->dest_mr);
@@ -263,11 +290,9 @@ static int dest_prepare(struct tfab_request *r)
 	}
 	if (n == 0)
 		return 0;
-	rc = tfab__pool_alloc(ctx->pool, r->peer->path->index, n, &r->dest, &r->dest_mr);
+	rc = pool_dest(r, n);
 	if (rc)
 		return rc;
-	r->dest_pool = true;
-	r->dest_cap = n;
 	return 0;
 }
 
@@ -391,7 +416,8 @@ static void request_take(struct tfab_request *r, uint64_t nbytes)
 		if (rc == 0 && !r->out && !r->view_due)
 			rc = -ENOMEM;
 		if (r->out && !r->user_dest) {
-			/* The managed tensor owns the block now. */
+			/* The managed tensor owns the block now: the application's, not in flight. */
+			r->peer->inflight -= r->dest_cap;
 			r->dest = NULL;
 			r->dest_mr = NULL;
 			r->dest_pool = false;

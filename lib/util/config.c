@@ -130,6 +130,30 @@ static void format_level(const void *field, char *buf, size_t len)
 	snprintf(buf, len, "%s", tfab_log_level_name((enum tfab_log_level) * (const int *)field));
 }
 
+/* Bytes as a 64-bit number (K, M, G suffixes), or "auto" (stored as UINT64_MAX). */
+static int parse_bytes(const char *text, void *field, size_t size, unsigned long min,
+		       unsigned long max)
+{
+	(void)size;
+	(void)min;
+	(void)max;
+	if (strcmp(text, "auto") == 0) {
+		*(uint64_t *)field = UINT64_MAX;
+		return 0;
+	}
+	return tfab__parse_size(text, (uint64_t *)field) ? -EINVAL : 0;
+}
+
+static void format_bytes(const void *field, char *buf, size_t len)
+{
+	uint64_t v = *(const uint64_t *)field;
+
+	if (v == UINT64_MAX)
+		snprintf(buf, len, "auto");
+	else
+		snprintf(buf, len, "%llu", (unsigned long long)v);
+}
+
 /* A secret is never shown: tfab-info and the logs see whether it is set, not what it is. */
 static void format_secret(const void *field, char *buf, size_t len)
 {
@@ -138,6 +162,7 @@ static void format_secret(const void *field, char *buf, size_t len)
 
 static const struct tfab_config_parser parser_string = {"string", parse_string, format_string};
 static const struct tfab_config_parser parser_secret = {"secret", parse_string, format_secret};
+static const struct tfab_config_parser parser_bytes = {"auto|bytes", parse_bytes, format_bytes};
 static const struct tfab_config_parser parser_uint = {"uint", parse_uint, format_uint};
 static const struct tfab_config_parser parser_auto_uint = {"auto|uint", parse_auto_uint,
 							   format_auto_uint};
@@ -261,6 +286,11 @@ static const struct tfab_config_entry table[] = {
     {"TFAB_CUDA_EMULATE", "0",
      "Tests only: 1 takes CUDA tensors as host memory, to run the GPU proxy path without a GPU",
      FIELD(cuda_emulate), &parser_uint, 0, 1},
+    {"TFAB_PEER_MAX_INFLIGHT", "auto",
+     "Bytes of library-allocated destinations that the requests to one peer may hold at once "
+     "(the peer's meta-data sizes them): a receive past it fails with EMSGSIZE and says why; "
+     "auto is half this machine's memory, 0 no limit. Tensors the caller provides do not count",
+     FIELD(peer_max_inflight), &parser_bytes, 0, 0},
     {"TFAB_AUTH_KEY", "",
      "A shared secret of at least 16 bytes: peers prove they hold it (HMAC-SHA256) before "
      "anything else is exchanged, and one without it is refused (doc/security.md); shown as "

@@ -44,6 +44,7 @@ struct tfab_config {
 	unsigned pool_cache;	     /* TFAB_POOL_CACHE */
 	unsigned cuda_chunk;	     /* TFAB_CUDA_CHUNK */
 	unsigned cuda_emulate;	     /* TFAB_CUDA_EMULATE */
+	uint64_t peer_max_inflight;  /* TFAB_PEER_MAX_INFLIGHT: UINT64_MAX auto, 0 none */
 	char auth_key[256];	     /* TFAB_AUTH_KEY (a secret: formatted as "(set)") */
 	char auth_key_file[256];     /* TFAB_AUTH_KEY_FILE */
 };

@@ -722,6 +722,89 @@ static int sc_op_timeout(struct mp *mp)
 }
 
 /*
+ * What the requests to one peer may hold (TFAB_PEER_MAX_INFLIGHT, 1 MiB on rank 0, the
+ * receiver, with no-request mode off), on contexts of its own:
+ * - a 2 MiB tensor, its size learned from the sender's meta-data: the receive fails with
+ *   EMSGSIZE, and the send stays offered; a receive into the caller's 2 MiB tensor (not
+ *   counted) then takes it;
+ * - 600 KiB tensors: one receive pending holds 600 KiB, so a second posted beside it fails
+ *   at once with EMSGSIZE; once the first is done (its tensor the application's), the next
+ *   receive is taken.
+ * Every tensor checked.
+ */
+static int sc_peer_max_inflight(struct mp *mp)
+{
+	enum { BIG = 2 << 20, MID = 600 << 10 };
+	static const DLDataType u8 = {kDLUInt, 8, 1};
+	struct tfab_context *ctx;
+	struct tfab_peer *peer;
+	unsigned port;
+
+	setenv("TFAB_NO_REQUEST", "0", 1);
+	if (mp->rank == 0)
+		setenv("TFAB_PEER_MAX_INFLIGHT", "1M", 1);
+	CHECK_RC(tfab_context_create(&ctx), 0);
+	unsetenv("TFAB_NO_REQUEST");
+	unsetenv("TFAB_PEER_MAX_INFLIGHT");
+	if (mp->rank == 0) {
+		int64_t shape[1] = {BIG};
+		DLManagedTensor *m = NULL;
+		struct done d = {0}, d2 = {0};
+		struct tensor t;
+		uint16_t p16;
+
+		CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+		CHECK_RC(mp_put(mp, "pm_port", p16), 0);
+		CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+		CHECK_RC(tfab_recv(ctx, peer, "big", 1, NULL, on_recv, &d), 0);
+		CHECK(wait_ctx(mp, ctx, &d, 1));
+		CHECK(d.errors == 1 && d.last_status == -EMSGSIZE);
+		tensor_make(&t, u8, 1, shape);
+		CHECK_RC(tfab_recv_into_sync(ctx, peer, "big", 1, &t.dl, 0, WAIT_MS, NULL, NULL),
+			 0);
+		CHECK(bytes_match(t.buf, BIG, 90));
+		tensor_free(&t);
+		CHECK_RC(tfab_recv_sync(ctx, peer, "mid", 1, NULL, WAIT_MS, &m, NULL), 0);
+		CHECK(bytes_match(m->dl_tensor.data, MID, 91));
+		m->deleter(m);
+		d.n = d.errors = 0;
+		CHECK_RC(tfab_recv(ctx, peer, "mid", 2, NULL, on_recv, &d), 0);
+		CHECK_RC(tfab_recv(ctx, peer, "mid", 3, NULL, on_recv, &d2), -EMSGSIZE);
+		CHECK(wait_ctx(mp, ctx, &d, 1));
+		CHECK(d.errors == 0 && bytes_match(d.tensor->dl_tensor.data, MID, 92));
+		CHECK_RC(tfab_recv_sync(ctx, peer, "mid", 3, NULL, WAIT_MS, &m, NULL), 0);
+		CHECK(bytes_match(m->dl_tensor.data, MID, 93));
+		m->deleter(m);
+		d.tensor->deleter(d.tensor);
+		CHECK(peer->inflight == 0); /* every destination the application's, or released */
+		CHECK_RC(progress_until_note(mp, ctx, "pm_sent"), 0);
+	} else {
+		int64_t big[1] = {BIG}, mid[1] = {MID};
+		struct tensor t[4];
+		struct done d = {0};
+
+		CHECK_RC(mp_get(mp, 0, "pm_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+		tensor_make(&t[0], u8, 1, big);
+		tensor_fill(&t[0], 90);
+		CHECK_RC(tfab_send(ctx, "big", 1, &t[0].dl, false, on_sent, &d), 0);
+		for (int i = 1; i < 4; i++) {
+			tensor_make(&t[i], u8, 1, mid);
+			tensor_fill(&t[i], 90 + (uint64_t)i);
+			CHECK_RC(tfab_send(ctx, "mid", i, &t[i].dl, false, on_sent, &d), 0);
+		}
+		CHECK(wait_ctx(mp, ctx, &d, 4));
+		CHECK(d.errors == 0);
+		for (int i = 0; i < 4; i++)
+			tensor_free(&t[i]);
+		CHECK_RC(mp_note(mp, "pm_sent"), 0);
+	}
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK(mp_barrier(mp, 92) == 0);
+	return 0;
+}
+
+/*
  * Key indexes retired: KEYS keys, each fetched twice in a row (the second request announces
  * its index), in two rounds. With the meta-data cache bounded (TFAB_META_CACHE_ENTRIES, 256
  * in engine-shm-meta-bounded), the entries of a round's first keys are gone by its end, their
@@ -3207,6 +3290,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "key_index_reconnect", .nranks = 2, .fn = sc_key_index_reconnect},
     {.name = "auth_refused", .nranks = 2, .fn = sc_auth_refused},
     {.name = "op_timeout", .nranks = 2, .fn = sc_op_timeout},
+    {.name = "peer_max_inflight", .nranks = 2, .fn = sc_peer_max_inflight},
     {.name = "empty_cached", .nranks = 2, .fn = sc_empty_cached},
     {.name = "dtypes", .nranks = 2, .fn = sc_dtypes},
     {.name = "many_keys", .nranks = 2, .fn = sc_many_keys},
