@@ -496,6 +496,9 @@ static int sc_key_index_reconnect(struct mp *mp)
 	return 0;
 }
 
+static int own_pair_end(struct mp *mp, struct tfab_context *ctx, struct tfab_peer *peer,
+			const char *tag);
+
 /* A context created with TFAB_AUTH_KEY (key, or NULL) or TFAB_AUTH_KEY_FILE (file). */
 static int auth_context(const char *key, const char *file, struct tfab_context **ctx_p)
 {
@@ -597,8 +600,11 @@ static int sc_auth_refused(struct mp *mp)
 				m->deleter(m);
 				snprintf(what, sizeof(what), "au_sent%d", round);
 				CHECK_RC(progress_until_note(mp, ctx, what), 0);
+				snprintf(what, sizeof(what), "au%d", round);
+				CHECK(own_pair_end(mp, ctx, peer, what) == 0);
+			} else {
+				CHECK_RC(tfab_context_destroy(ctx), 0);
 			}
-			CHECK_RC(tfab_context_destroy(ctx), 0);
 			continue;
 		}
 		if (rank1[round] == from_file)
@@ -617,11 +623,41 @@ static int sc_auth_refused(struct mp *mp)
 			CHECK(send_one(mp, ctx, "auth/t", round, 70 + (uint64_t)round) == 0);
 			snprintf(what, sizeof(what), "au_sent%d", round);
 			CHECK_RC(mp_note(mp, what), 0);
+			snprintf(what, sizeof(what), "au%d", round);
+			CHECK(own_pair_end(mp, ctx, peer, what) == 0);
+		} else {
+			CHECK_RC(tfab_context_destroy(ctx), 0);
 		}
-		CHECK_RC(tfab_context_destroy(ctx), 0);
 	}
 	unlink(file);
 	CHECK(mp_barrier(mp, 90) == 0);
+	return 0;
+}
+
+/*
+ * The end of a scenario on a pair of contexts of its own (rank 0 receives, rank 1 sends):
+ * rank 0 stops writing to rank 1 before rank 1 closes, and closes only after it. libfabric
+ * 1.17's rxm crashes a process that closes with a peer's writes unread
+ * (test/verbs/known_crash.sh), which would turn the verbs run into a skip.
+ */
+static int own_pair_end(struct mp *mp, struct tfab_context *ctx, struct tfab_peer *peer,
+			const char *tag)
+{
+	char done[40], left[40];
+
+	snprintf(done, sizeof(done), "%s_done", tag);
+	snprintf(left, sizeof(left), "%s_left", tag);
+	if (mp->rank == 0) {
+		CHECK_RC(mp_note(mp, done), 0);
+		CHECK_RC(mp_wait_note(mp, 1, left, WAIT_MS), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		return 0;
+	}
+	CHECK_RC(mp_wait_note(mp, 0, done, WAIT_MS), 0);
+	if (peer)
+		CHECK_RC(tfab_peer_destroy(peer), 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK_RC(mp_note(mp, left), 0);
 	return 0;
 }
 
@@ -691,7 +727,7 @@ static int sc_op_timeout(struct mp *mp)
 		CHECK(bytes_match(m->dl_tensor.data, 128, 84));
 		m->deleter(m);
 		CHECK_RC(progress_until_note(mp, ctx, "ot_sent"), 0);
-		CHECK_RC(tfab_context_destroy(ctx), 0);
+		CHECK(own_pair_end(mp, ctx, peer, "ot") == 0);
 		CHECK(mp_barrier(mp, 91) == 0);
 		return 0;
 	}
@@ -716,7 +752,7 @@ static int sc_op_timeout(struct mp *mp)
 	CHECK_RC(mp_note(mp, "ot_v3"), 0);
 	CHECK(send_one(mp, ctx, "after", 4, 84) == 0);
 	CHECK_RC(mp_note(mp, "ot_sent"), 0);
-	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK(own_pair_end(mp, ctx, peer, "ot") == 0);
 	CHECK(mp_barrier(mp, 91) == 0);
 	return 0;
 }
@@ -799,7 +835,7 @@ static int sc_peer_max_inflight(struct mp *mp)
 			tensor_free(&t[i]);
 		CHECK_RC(mp_note(mp, "pm_sent"), 0);
 	}
-	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK(own_pair_end(mp, ctx, peer, "pm") == 0);
 	CHECK(mp_barrier(mp, 92) == 0);
 	return 0;
 }
