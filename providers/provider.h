@@ -35,6 +35,7 @@ struct tfab_ep { /* an open endpoint: domain, queues, address */
 
 struct tfab_conn { /* a connection to a remote endpoint */
 	struct tfab_ep *ep;
+	void *owner; /* the engine's (its peer), set after connect: backends leave it alone */
 };
 
 /* How a remote address that the target advertises is formed. */
@@ -69,6 +70,12 @@ struct tfab_caps {
 	 * one message a write to peers on such a path.
 	 */
 	bool no_ctrl_batch;
+	/*
+	 * REMOTE_WRITE events carry no src: the backend cannot tell who wrote (libfabric's rxm,
+	 * whose completions name a wrong address; verbs, not wired yet). The engine then takes
+	 * an immediate's own claim (doc/security.md).
+	 */
+	bool src_unknown;
 };
 
 /* A registered memory region, on one endpoint. */
@@ -112,6 +119,12 @@ struct tfab_event {
 	uint64_t len;	    /* REMOTE_WRITE: bytes written, where the fabric reports it, else 0 */
 	const char *errmsg; /* ERROR: the fabric's own words; valid until the next poll */
 	bool injected;	    /* ERROR: of a TFAB_WRITE_INJECT write (no WRITE_DONE was due) */
+	/*
+	 * REMOTE_WRITE: a live connection of ours to the endpoint that wrote (any one of them
+	 * where several reach it), or NULL where the backend cannot tell (caps.src_unknown, or
+	 * a writer that no live connection of ours reaches).
+	 */
+	struct tfab_conn *src;
 };
 
 /* Arguments of open. */
@@ -143,12 +156,23 @@ struct tfab_provider_ops {
 	int (*open)(const struct tfab_open_args *args, struct tfab_ep **ep_p);
 	/* -EBUSY while peers or regions remain. Safe after a failed open (NULL). */
 	int (*close)(struct tfab_ep *ep);
+	/*
+	 * Optional: the endpoint is about to close, and the memory its peers write is about to
+	 * be freed: let what live peers are still writing land first (a backend whose writes
+	 * go on landing after their region is deregistered). Nothing polls it after this.
+	 */
+	void (*quiesce)(struct tfab_ep *ep);
 	const struct tfab_caps *(*caps)(const struct tfab_ep *ep);
 
 	/* The endpoint's address blob; *len_p in: capacity, out: length. */
 	int (*get_addr)(struct tfab_ep *ep, void *buf, size_t *len_p);
 	int (*connect)(struct tfab_ep *ep, const void *addr, size_t len, struct tfab_conn **peer_p);
 	int (*disconnect)(struct tfab_conn *peer);
+	/*
+	 * Optional (NULL where a backend needs no word of it): the connection's peer failed, and
+	 * disconnect follows; a write of the peer's may have stopped half landed, and never end.
+	 */
+	void (*cut)(struct tfab_conn *peer);
 
 	int (*mr_reg)(struct tfab_ep *ep, void *addr, size_t len, unsigned access,
 		      struct tfab_mr **mr_p);
@@ -188,6 +212,12 @@ static inline int tfab_ep_close(struct tfab_ep *ep)
 	return ep ? ep->ops->close(ep) : 0;
 }
 
+static inline void tfab_ep_quiesce(struct tfab_ep *ep)
+{
+	if (ep && ep->ops->quiesce)
+		ep->ops->quiesce(ep);
+}
+
 static inline const struct tfab_caps *tfab_ep_caps(const struct tfab_ep *ep)
 {
 	return ep->ops->caps(ep);
@@ -207,6 +237,12 @@ static inline int tfab_ep_connect(struct tfab_ep *ep, const void *addr, size_t l
 static inline int tfab_conn_disconnect(struct tfab_conn *conn)
 {
 	return conn ? conn->ep->ops->disconnect(conn) : 0;
+}
+
+static inline void tfab_conn_cut(struct tfab_conn *conn)
+{
+	if (conn && conn->ep->ops->cut)
+		conn->ep->ops->cut(conn);
 }
 
 static inline int tfab_mr_reg(struct tfab_ep *ep, void *addr, size_t len, unsigned access,

@@ -13,10 +13,14 @@ packages=(
 	libibverbs-dev ibverbs-providers rdma-core
 	libdlpack-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
 	libcmocka-dev valgrind clang-format libssl-dev
+	# lib/python: the Python package and its tests (Debian's python3)
+	python3-dev python3-numpy python3-torch python3-pytest
 	# test/fuzz: libFuzzer targets (CI fuzzes each for a minute)
 	clang libclang-rt-14-dev
 	# test/verbs: real kernel verbs (soft-RoCE) inside a QEMU VM
 	qemu-system-x86 busybox-static ibverbs-utils kmod iproute2
+	# test/faults: test hosts from network namespaces, faults with nftables
+	nftables
 )
 
 sudo=

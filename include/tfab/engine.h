@@ -36,6 +36,17 @@ struct tfab_peer;
 TFAB_EXPORT int tfab_context_create(struct tfab_context **ctx_p);
 
 /*
+ * The same, with n settings given explicitly (names[i] such as "TFAB_PROVIDER", values[i] as
+ * text, as the environment would give them) that win over the environment; the rest come from
+ * the environment and the defaults. An unknown name or a bad value is -TFAB_ERR_CONFIG (the
+ * log says which). For bindings and programs that hold several differently configured
+ * contexts; the environment is left untouched. TFAB_LOG_LEVEL stays the process's (it is
+ * read from the environment by the logger).
+ */
+TFAB_EXPORT int tfab_context_create_with(struct tfab_context **ctx_p, const char *const *names,
+					 const char *const *values, size_t n);
+
+/*
  * Aborts whatever is pending (callbacks get -TFAB_ERR_ABORTED), closes every peer and frees the
  * context. -EBUSY (and nothing done) while tensors the library allocated are still held by the
  * application. NULL is accepted.
@@ -75,6 +86,12 @@ TFAB_EXPORT const char *tfab_peer_path(const struct tfab_peer *peer);
 /* Its path's backend, fabric and domain ("ofi", "tcp;ofi_rxm", "lo"); -ENOTCONN before. */
 TFAB_EXPORT int tfab_peer_fabric(const struct tfab_peer *peer, const char **backend_p,
 				 const char **fabric_p, const char **domain_p);
+/*
+ * 0 while the peer works; once it has failed, the status its operations fail with, such as
+ * -TFAB_ERR_PEER_FAILED (it left or died) or -TFAB_ERR_TIMEOUT (silent past the stall
+ * deadline: stopped, or cut off). Found by progress: this call drives none.
+ */
+TFAB_EXPORT int tfab_peer_status(struct tfab_peer *peer);
 /* Fails the peer's pending operations with -TFAB_ERR_ABORTED and frees it. */
 TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
 
@@ -208,6 +225,13 @@ struct tfab_stats {
 	uint64_t bytes_ctrl;	 /* bytes of the control writes (writes_ctrl) */
 	uint64_t requests_ahead; /* requests posted ahead of their receives (no-request mode) */
 	uint64_t ahead_taken;	 /* receives that found theirs posted ahead */
+	/*
+	 * What peers sent that the protocol refused (doc/protocol.md, "What the receiver
+	 * checks"): malformed or lying control messages, immediates naming no request of the
+	 * writer's, another peer's or a stale one, credits never given, META_DATA storms,
+	 * malformed connection blobs. Each fails its peer (TFAB_ERR_PROTOCOL) where it is known.
+	 */
+	uint64_t refused;
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

@@ -128,16 +128,28 @@ void tfab__ctx_unlock(struct tfab_context *ctx)
 	pthread_mutex_unlock(&ctx->lock);
 }
 
-static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev)
+/*
+ * The id of the peer a remote write came from, as its backend tells (TFAB_NO_PEER where it
+ * cannot): an id, not the peer, so that a write held back finds a peer destroyed meanwhile
+ * gone (ids are never reused).
+ */
+static uint32_t src_of(const struct tfab_event *ev)
+{
+	const struct tfab_peer *peer = ev->src ? ev->src->owner : NULL;
+
+	return peer ? peer->id : TFAB_NO_PEER;
+}
+
+static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev, uint32_t src)
 {
 	struct tfab_wctx *w = ev->ctx;
 
 	switch (ev->type) {
 	case TFAB_EV_REMOTE_WRITE:
 		if (tfab__imm_is_ctrl(ev->imm))
-			tfab__peer_on_ctrl(ctx, ev->imm);
+			tfab__peer_on_ctrl(ctx, ev->imm, src);
 		else
-			tfab__recv_on_content(ctx, ev->imm, ev->len);
+			tfab__recv_on_content(ctx, ev->imm, ev->len, src);
 		return;
 	case TFAB_EV_WRITE_DONE:
 	case TFAB_EV_ERROR:
@@ -159,10 +171,10 @@ static void dispatch(struct tfab_context *ctx, const struct tfab_event *ev)
 	case TFAB_WCTX_CREDIT: {
 		struct tfab_peer *peer = tfab_container_of(w, struct tfab_peer, credit_w);
 
-		if (!ev->injected)
-			peer->users--; /* an injected credit was never counted in flight */
 		if (ev->status)
 			tfab__peer_write_failed(peer, ev->status);
+		if (!ev->injected)
+			tfab__peer_unuse(peer); /* an injected credit was never counted in flight */
 		break;
 	}
 	case TFAB_WCTX_INJECTED: {
@@ -187,7 +199,7 @@ int tfab__held_dispatch(struct tfab_context *ctx)
 	/* Dispatching may post writes but never polls: nothing is added meanwhile. */
 	ctx->nheld = 0;
 	for (unsigned i = 0; i < n; i++)
-		dispatch(ctx, &ctx->held[i]);
+		dispatch(ctx, &ctx->held[i], ctx->held_src[i]);
 	return (int)n;
 }
 
@@ -211,11 +223,15 @@ static void batch_dispatch(struct tfab_context *ctx, struct tfab_event *ev, int 
 {
 	for (int i = 0; i < n; i++) {
 		/* credits are not held: they let our own messages go */
+		uint32_t src = ev[i].type == TFAB_EV_REMOTE_WRITE ? src_of(&ev[i]) : TFAB_NO_PEER;
+
 		if (ev[i].type == TFAB_EV_REMOTE_WRITE && tfab__imm_is_ctrl(ev[i].imm) &&
-		    !tfab__imm_is_credit(ev[i].imm) && completed_here(ctx, fresh))
+		    !tfab__imm_is_credit(ev[i].imm) && completed_here(ctx, fresh)) {
+			ctx->held_src[ctx->nheld] = src;
 			ctx->held[ctx->nheld++] = ev[i];
-		else
-			dispatch(ctx, &ev[i]);
+		} else {
+			dispatch(ctx, &ev[i], src);
+		}
 	}
 }
 
@@ -292,8 +308,13 @@ static void *progress_main(void *arg)
 
 int tfab_context_create(struct tfab_context **ctx_p)
 {
+	return tfab_context_create_with(ctx_p, NULL, NULL, 0);
+}
+
+int tfab_context_create_with(struct tfab_context **ctx_p, const char *const *names,
+			     const char *const *values, size_t n)
+{
 	struct tfab_context *ctx;
-	pthread_condattr_t cattr;
 	char err[1024];
 	int rc;
 
@@ -304,11 +325,9 @@ int tfab_context_create(struct tfab_context **ctx_p)
 		return -ENOMEM;
 	pthread_mutex_init(&ctx->lock, NULL);
 	/* Blocking receives wait on it with deadlines from tfab__now_ms(). */
-	pthread_condattr_init(&cattr);
-	pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
-	pthread_cond_init(&ctx->cond, &cattr);
-	pthread_condattr_destroy(&cattr);
+	tfab__cond_init_monotonic(&ctx->cond);
 	tfab__list_init(&ctx->peers);
+	tfab__list_init(&ctx->zombies);
 	tfab__list_init(&ctx->writes_pending);
 	tfab__list_init(&ctx->staging);
 	tfab__list_init(&ctx->done_reqs);
@@ -316,9 +335,11 @@ int tfab_context_create(struct tfab_context **ctx_p)
 	tfab__list_init(&ctx->sends_live);
 	tfab__list_init(&ctx->meta_lru);
 	ctx->listen_fd = -1;
-	rc = tfab__config_init(&ctx->cfg, err, sizeof(err));
+	rc = tfab__config_init_with(&ctx->cfg, names, values, n, err, sizeof(err));
 	if (rc == 0)
 		rc = tfab__auth_load(ctx, err, sizeof(err));
+	if (rc == 0)
+		rc = tfab__heartbeat_open(ctx->cfg.heartbeat_ms, &ctx->heartbeat);
 	ctx->inflight_limit = ctx->cfg.peer_max_inflight;
 	if (ctx->inflight_limit == UINT64_MAX) {
 		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -360,6 +381,7 @@ err:
 	tfab__paths_close(ctx);
 	tfab__cuda_close(ctx->cuda);
 	tfab__auth_unload(ctx);
+	tfab__heartbeat_close(ctx->heartbeat);
 	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
@@ -486,10 +508,12 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	 * the registrations and the endpoint close, and closing the endpoint ends the writes.
 	 */
 	n = tfab__sends_abandon(ctx);
+	tfab__peers_release_zombies(ctx); /* their writes end with the endpoints */
 	tfab__ctx_unlock(ctx);
 	if (n)
 		TFAB_WARN(SUBSYS, "%u writes to gone peers still in flight at destroy: abandoned",
 			  n);
+	tfab__heartbeat_close(ctx->heartbeat); /* its peers' sockets left it as they closed */
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	if (tfab__paths_close(ctx))
@@ -500,6 +524,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	free(ctx->peer_by_id);
 	free(ctx->reqs);
 	free(ctx->req_gen);
+	free(ctx->req_owner);
 	free(ctx->req_free);
 	pthread_cond_destroy(&ctx->cond);
 	tfab__auth_unload(ctx);
@@ -614,6 +639,18 @@ int tfab_context_paths(struct tfab_context *ctx, const char **names, int max)
 const char *tfab_peer_path(const struct tfab_peer *peer)
 {
 	return peer && peer->path ? peer->path->name : NULL;
+}
+
+int tfab_peer_status(struct tfab_peer *peer)
+{
+	int status;
+
+	if (!peer)
+		return -EINVAL;
+	tfab__ctx_lock(peer->ctx);
+	status = peer->failed;
+	tfab__ctx_unlock(peer->ctx);
+	return status;
 }
 
 int tfab_peer_fabric(const struct tfab_peer *peer, const char **backend_p, const char **fabric_p,

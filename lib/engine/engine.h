@@ -72,6 +72,15 @@ struct tfab_path {
 	uint64_t peers;				/* connected over it, ever */
 };
 
+/*
+ * A request we cancelled, whose content the peer may still write (it wrote before it read the
+ * CANCEL): such a write is no lie until the peer's credits cover the CANCEL.
+ */
+struct tfab_cancelled {
+	uint32_t index;
+	uint32_t seq; /* forgotten once tx_acked reaches it */
+};
+
 /* A cancelled request's pool destination, until the peer's verdict (tfab__peer_hold_dest). */
 struct tfab_held_dest {
 	void *buf;
@@ -90,6 +99,7 @@ struct tfab_peer {
 	int sock;	       /* bootstrap connection watched for the peer's death, or -1 */
 	uint64_t inflight;     /* bytes of pool destinations its requests hold */
 	uint64_t closed_at_ms; /* when the bootstrap connection closed, or 0 */
+	uint64_t heard_ms;     /* when its last heartbeat came, or 0 before the first */
 	/* Our inbox: the peer writes messages into it. */
 	uint8_t *inbox;
 	size_t rings_len;	  /* bytes of the inbox, and of the outbox */
@@ -139,6 +149,16 @@ struct tfab_peer {
 	struct tfab_held_dest *held_dests;
 	uint32_t nheld_dests, held_dests_cap;
 	/*
+	 * Our requests to the peer we cancelled, in seq order, until its credits cover the
+	 * CANCEL (tfab__peer_cancelled); cancelled_lost: one could not be recorded, so a write
+	 * for a request of the peer's that is gone is dropped rather than refused.
+	 */
+	struct tfab_cancelled *cancelled;
+	uint32_t ncancelled, cancelled_cap;
+	bool cancelled_lost;
+	/* Its endpoint (path and address): peers of one remote endpoint are told apart by ids. */
+	uint64_t endpoint_hash;
+	/*
 	 * Key indexes (key_index.c): the last we announced, ours retired and not yet told, and
 	 * the names the peer announced (struct tfab_key_name by index).
 	 */
@@ -146,7 +166,9 @@ struct tfab_peer {
 	uint32_t *retired;
 	uint32_t nretired, retired_cap;
 	struct tfab_htable key_names;
-	unsigned users;		   /* in-flight writes to this peer not yet completed */
+	unsigned users; /* in-flight writes to this peer not yet completed */
+	bool zombie;	/* freed by the application with users: on ctx->zombies until they end */
+	bool cut;	/* failed with requests of ours out: it may stop in the middle of a write */
 	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
 	struct tfab_wctx inject_w; /* TFAB_WCTX_INJECTED: of content written by inject */
 };
@@ -178,6 +200,7 @@ struct tfab_request {
 	DLTensor *user_dest;
 	unsigned flags; /* TFAB_RECV_* */
 	bool meta_valid;
+	uint8_t meta_replies; /* META_DATA replies without COMPLETE (TFAB_MAX_META_REPLIES) */
 	/* the destination */
 	void *dest;
 	size_t dest_cap;
@@ -284,12 +307,14 @@ struct tfab_context {
 	unsigned npaths;
 	struct tfab_pool *pool;
 	struct tfab_list peers;
+	struct tfab_list zombies; /* peers freed with writes in flight (tfab__peer_free) */
 	uint32_t next_peer_id;
 	struct tfab_peer **peer_by_id; /* by our id */
 	uint32_t peer_cap;
 	/* receive requests by index: slot in the low 20 bits, generation above */
 	struct tfab_request **reqs;
 	uint16_t *req_gen;
+	uint32_t *req_owner; /* per slot: the id of the peer of its latest request */
 	uint32_t *req_free;
 	uint32_t req_cap, req_nfree;
 	/* sends by (key, step), and requests that came before their send */
@@ -308,6 +333,7 @@ struct tfab_context {
 	int abort_status;
 	int listen_fd;
 	uint64_t next_liveness_ms;
+	struct tfab_heartbeat *heartbeat; /* TFAB_HEARTBEAT_MS, or NULL for none */
 	uint8_t auth_key[256]; /* TFAB_AUTH_KEY(_FILE): auth_key_len bytes, 0 when unset */
 	size_t auth_key_len;
 	uint64_t inflight_limit; /* TFAB_PEER_MAX_INFLIGHT resolved: UINT64_MAX for none */
@@ -317,6 +343,7 @@ struct tfab_context {
 	size_t meta_count;
 	/* Control messages a progress call held back (tfab__progress_locked). */
 	struct tfab_event held[TFAB_POLL_EVENTS];
+	uint32_t held_src[TFAB_POLL_EVENTS]; /* their writers' peer ids (TFAB_NO_PEER: unknown) */
 	unsigned nheld;
 	struct tfab_stats stats;
 	uint64_t managed_out; /* library-allocated tensors the application holds */
@@ -328,6 +355,15 @@ struct tfab_context {
 	pthread_cond_t cond; /* broadcast when a blocking receive's request ends, or a send
 				settles while someone flushes */
 };
+
+/* heartbeat.c: the thread that writes a heartbeat to every bootstrapped peer */
+struct tfab_heartbeat;
+/* NULL in *hb_p for interval 0 (none); the thread starts with the first peer. */
+int tfab__heartbeat_open(unsigned interval_ms, struct tfab_heartbeat **hb_p);
+void tfab__heartbeat_close(struct tfab_heartbeat *hb);
+int tfab__heartbeat_add(struct tfab_heartbeat *hb, int fd);
+/* Before the socket closes. */
+void tfab__heartbeat_remove(struct tfab_heartbeat *hb, int fd);
 
 /* context.c */
 void tfab__ctx_lock(struct tfab_context *ctx);
@@ -372,7 +408,21 @@ void tfab__peer_fail(struct tfab_peer *peer, int status);
 int tfab__peer_write_status(struct tfab_peer *peer, int status);
 /* A write to the peer failed: the peer fails, with the status above. */
 void tfab__peer_write_failed(struct tfab_peer *peer, int status);
-void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm);
+/* No peer: a write whose source the backend cannot tell. */
+#define TFAB_NO_PEER UINT32_MAX
+/* A control write with immediate imm from peer src (TFAB_NO_PEER: take the immediate's word). */
+void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src);
+/*
+ * The peer sent what the protocol refuses: counted (stats.refused), logged with what, and the
+ * peer (only) fails with TFAB_ERR_PROTOCOL.
+ */
+void tfab__peer_refuse(struct tfab_peer *peer, const char *what);
+/* Two peers reach the same remote endpoint (its writes cannot say which of them wrote). */
+bool tfab__peer_same_endpoint(const struct tfab_peer *a, const struct tfab_peer *b);
+/* Our request index to the peer was cancelled (its CANCEL sent or queued). */
+void tfab__peer_cancelled(struct tfab_peer *peer, uint32_t index);
+/* Whether a write from the peer for index is one it may make: a request of ours cancelled. */
+bool tfab__peer_was_cancelled(const struct tfab_peer *peer, uint32_t index);
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status);
 /*
  * Our receive of the peer's request completed: a TAKEN tells the peer (peers_flush sends it).
@@ -395,7 +445,12 @@ int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
  */
 void tfab__peers_flush(struct tfab_context *ctx, bool hold_new);
 void tfab__peers_check_liveness(struct tfab_context *ctx);
+/* Frees the peer, or, while writes of ours to it are in flight, what they do not use. */
 void tfab__peer_free(struct tfab_peer *peer);
+/* A write to the peer completed: the last of a freed peer's frees the rest. */
+void tfab__peer_unuse(struct tfab_peer *peer);
+/* At the context's end, once no write can complete: what freed peers kept. */
+void tfab__peers_release_zombies(struct tfab_context *ctx);
 struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char *key,
 					     uint16_t key_len);
 int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_len,
@@ -477,7 +532,13 @@ int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char
 int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
 		    const struct tfab_recv_args *a, int timeout_ms, DLManagedTensor **tensor_p,
 		    struct tfab_string_tensor **strings_p, bool *is_dead_p);
-void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len);
+/*
+ * The most META_DATA replies (without COMPLETE) one request takes: an honest sender's tensor
+ * is fixed per step, so it needs one; more is a storm, and the peer is refused.
+ */
+#define TFAB_MAX_META_REPLIES 4
+/* Content for request index landed, len bytes, written by peer src (TFAB_NO_PEER: unknown). */
+void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len, uint32_t src);
 void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender);
 void tfab__request_release(struct tfab_request *r);

@@ -56,6 +56,9 @@ int tfab__paths_close(struct tfab_context *ctx)
 {
 	int rc = 0;
 
+	/* What peers still write lands before the memory they write into is freed. */
+	for (unsigned i = 0; i < ctx->npaths; i++)
+		tfab_ep_quiesce(ctx->paths[i].ep);
 	if (ctx->pool) {
 		tfab__pool_trim(ctx->pool);
 		rc = tfab__pool_destroy(ctx->pool);

@@ -4,7 +4,6 @@
  * peer's death (fabric errors, or its bootstrap connection closing).
  */
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,13 +95,35 @@ static void peer_rings_free(struct tfab_peer *peer)
 	peer->inbox = peer->outbox = NULL;
 }
 
+/* What writes in flight may still use: the outbox they read, the slots they complete on. */
+static void peer_release(struct tfab_peer *peer)
+{
+	for (unsigned i = 0; i < TFAB_MAX_PATHS; i++) {
+		tfab_mr_dereg(peer->inbox_mrs[i]);
+		tfab_mr_dereg(peer->outbox_mrs[i]);
+	}
+	peer_rings_free(peer);
+	free(peer->oslots);
+	free(peer->rx_consumed);
+	free(peer);
+}
+
 void tfab__peer_free(struct tfab_peer *peer)
 {
 	struct tfab_context *ctx;
+	bool cut;
 
 	if (!peer)
 		return;
 	ctx = peer->ctx;
+	/*
+	 * It may be in the middle of a write to us, never to end: requests of ours were out to
+	 * it when it failed, or, still working, it has requests of ours now, or cancelled ones
+	 * it has not said it read (what it wrote before the CANCEL may still be coming). A peer
+	 * that left with nothing of ours out finished its writes first.
+	 */
+	cut = peer->cut || (!peer->failed && (!tfab__list_empty(&peer->requests) ||
+					      peer->ncancelled || peer->nheld_dests));
 	if (ctx->peer_by_id && peer->id < ctx->peer_cap && ctx->peer_by_id[peer->id] == peer)
 		ctx->peer_by_id[peer->id] = NULL;
 	tfab__list_del(&peer->link);
@@ -135,19 +156,56 @@ void tfab__peer_free(struct tfab_peer *peer)
 	for (uint32_t i = 0; i < peer->nheld_dests; i++)
 		tfab__pool_discard(ctx->pool, peer->held_dests[i].buf);
 	free(peer->held_dests);
+	peer->held_dests = NULL;
+	peer->nheld_dests = 0;
+	free(peer->cancelled);
+	peer->cancelled = NULL;
+	peer->ncancelled = 0;
 	free(peer->taken);
+	peer->taken = NULL;
+	peer->ntaken = 0;
+	if (peer->conn && cut)
+		tfab_conn_cut(peer->conn);
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
-	for (unsigned i = 0; i < TFAB_MAX_PATHS; i++) {
-		tfab_mr_dereg(peer->inbox_mrs[i]);
-		tfab_mr_dereg(peer->outbox_mrs[i]);
-	}
-	peer_rings_free(peer);
-	free(peer->oslots);
-	free(peer->rx_consumed);
-	if (peer->sock >= 0)
+	peer->conn = NULL;
+	if (peer->sock >= 0) {
+		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);
 		close(peer->sock);
-	free(peer);
+		peer->sock = -1;
+	}
+	if (!peer->users) {
+		peer_release(peer);
+		return;
+	}
+	/*
+	 * Writes of ours to it are still in flight (a peer that stopped reading): their
+	 * completions point into it. It waits, failed and unreachable, for the last of them
+	 * (tfab__peer_unuse), or for the context's end, which closes the endpoints first.
+	 */
+	if (!peer->failed)
+		peer->failed = -TFAB_ERR_ABORTED;
+	peer->zombie = true;
+	tfab__list_add_tail(&ctx->zombies, &peer->link);
+}
+
+void tfab__peer_unuse(struct tfab_peer *peer)
+{
+	if (--peer->users == 0 && peer->zombie) {
+		tfab__list_del(&peer->link);
+		peer_release(peer);
+	}
+}
+
+void tfab__peers_release_zombies(struct tfab_context *ctx)
+{
+	while (!tfab__list_empty(&ctx->zombies)) {
+		struct tfab_peer *peer =
+		    tfab_container_of(ctx->zombies.next, struct tfab_peer, link);
+
+		tfab__list_del(&peer->link);
+		peer_release(peer);
+	}
 }
 
 static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
@@ -277,8 +335,10 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 		return -EISCONN;
 	rc = tfab__wire_blob_decode(blob, len, &b);
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "a peer's connection blob is %s",
-			   rc == -TFAB_ERR_VERSION ? "of another protocol version" : "malformed");
+		TFAB_ERROR(SUBSYS, "peer %u: its connection blob (%zu bytes) is %s", peer->id, len,
+			   rc == -TFAB_ERR_VERSION ? "of another protocol version"
+						   : "malformed (a length or field out of range)");
+		ctx->stats.refused += rc == -TFAB_ERR_PROTOCOL;
 		return rc;
 	}
 	i = tfab__path_choose(ctx, &b, &w, why, sizeof(why));
@@ -290,6 +350,8 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 	if (rc)
 		return rc;
 	peer_bind(peer, (unsigned)i);
+	peer->conn->owner = peer;
+	peer->endpoint_hash = tfab__hash_bytes(w->addr, w->addr_len, (uint64_t)i + 1);
 	peer->remote_raddr = w->ring_raddr;
 	peer->remote_rkey = w->ring_rkey;
 	peer->remote_slots = b.ring_slots;
@@ -441,6 +503,9 @@ static int bootstrap(struct tfab_context *ctx, int fd, bool acceptor, int timeou
 		return rc;
 	}
 	peer->sock = fd;
+	rc = tfab__heartbeat_add(ctx->heartbeat, fd);
+	if (rc)
+		TFAB_WARN(SUBSYS, "peer %u: no heartbeats to it: %s", peer->id, tfab_strerror(rc));
 	TFAB_DEBUG(SUBSYS, "peer %u: bootstrap done", peer->id);
 	tfab__ctx_unlock(ctx);
 	*peer_p = peer;
@@ -823,9 +888,9 @@ void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status)
 {
 	slot->busy = false;
-	slot->peer->users--;
 	if (status)
 		tfab__peer_write_failed(slot->peer, status);
+	tfab__peer_unuse(slot->peer);
 }
 
 /* Destinations held for the peer's verdict on their CANCEL. */
@@ -853,6 +918,63 @@ void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf)
 	peer->held_dests[peer->nheld_dests++] = (struct tfab_held_dest){.buf = buf, .seq = seq};
 }
 
+/* The seq of the slot a message just sent or queued goes in: each queued one takes a slot. */
+static uint32_t last_msg_seq(const struct tfab_peer *peer)
+{
+	uint32_t seq = peer->tx_seq;
+
+	for (const struct tfab_list *l = peer->pending.next; l != &peer->pending; l = l->next)
+		seq++;
+	return seq;
+}
+
+void tfab__peer_cancelled(struct tfab_peer *peer, uint32_t index)
+{
+	if (peer->ncancelled == peer->cancelled_cap) {
+		uint32_t cap = peer->cancelled_cap ? peer->cancelled_cap * 2 : 16;
+		struct tfab_cancelled *c = realloc(peer->cancelled, cap * sizeof(*c));
+
+		if (!c) {
+			peer->cancelled_lost = true;
+			return;
+		}
+		peer->cancelled = c;
+		peer->cancelled_cap = cap;
+	}
+	peer->cancelled[peer->ncancelled++] =
+	    (struct tfab_cancelled){.index = index, .seq = last_msg_seq(peer)};
+}
+
+bool tfab__peer_was_cancelled(const struct tfab_peer *peer, uint32_t index)
+{
+	if (peer->cancelled_lost)
+		return true;
+	for (uint32_t i = 0; i < peer->ncancelled; i++)
+		if (peer->cancelled[i].index == index)
+			return true;
+	return false;
+}
+
+/* Credits came back: the CANCELs they cover were read, and what was written before landed. */
+static void cancelled_release(struct tfab_peer *peer)
+{
+	uint32_t n = 0;
+
+	/* in seq order: the covered ones are a prefix */
+	while (n < peer->ncancelled && (int32_t)(peer->tx_acked - peer->cancelled[n].seq) >= 0)
+		n++;
+	if (!n)
+		return;
+	memmove(peer->cancelled, peer->cancelled + n,
+		(peer->ncancelled - n) * sizeof(*peer->cancelled));
+	peer->ncancelled -= n;
+}
+
+bool tfab__peer_same_endpoint(const struct tfab_peer *a, const struct tfab_peer *b)
+{
+	return a == b || (a->path == b->path && a->endpoint_hash == b->endpoint_hash);
+}
+
 /* Credits came back: the destinations whose CANCEL they cover go back to the pool. */
 static void held_dests_release(struct tfab_peer *peer)
 {
@@ -871,10 +993,18 @@ static void held_dests_release(struct tfab_peer *peer)
 
 /* Control messages in. */
 
+void tfab__peer_refuse(struct tfab_peer *peer, const char *what)
+{
+	peer->ctx->stats.refused++;
+	if (peer->failed)
+		return;
+	TFAB_ERROR(SUBSYS, "peer %u: refused: %s", peer->id, what);
+	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
+}
+
 static void protocol_error(struct tfab_peer *peer, const char *what)
 {
-	TFAB_ERROR(SUBSYS, "peer %u: %s", peer->id, what);
-	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
+	tfab__peer_refuse(peer, what);
 }
 
 /*
@@ -926,15 +1056,30 @@ static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 	}
 }
 
-void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
+void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 {
 	uint32_t id = tfab__imm_peer(imm), low = tfab__imm_low(imm);
 	size_t r = slots_of(ctx);
 	struct tfab_peer *peer = id < ctx->peer_cap ? ctx->peer_by_id[id] : NULL;
+	struct tfab_peer *src = src_id < ctx->peer_cap ? ctx->peer_by_id[src_id] : NULL;
 	struct tfab_wire_slot_reader rd;
 	struct tfab_wire_msg m;
 	int rc;
 
+	/*
+	 * The writer is known: its immediate must name it (or a peer of the same endpoint),
+	 * never another peer, nor one that never was. A peer destroyed since is no lie: a late
+	 * write of its connection may come from an endpoint we reach again.
+	 */
+	if (src && ((peer && !tfab__peer_same_endpoint(peer, src)) ||
+		    (!peer && id >= ctx->next_peer_id))) {
+		char what[96];
+
+		snprintf(what, sizeof(what), "a control write naming peer %u, not its own id %u",
+			 id, src->id);
+		tfab__peer_refuse(src, what);
+		return;
+	}
 	if (!peer) {
 		TFAB_DEBUG(SUBSYS, "a control write for unknown peer %u (destroyed?), dropped", id);
 		return;
@@ -951,6 +1096,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 		peer->tx_acked += low;
 		if (peer->nheld_dests)
 			held_dests_release(peer);
+		if (peer->ncancelled)
+			cancelled_release(peer);
 		TFAB_TRACE(SUBSYS, "peer %u: %u credits back", peer->id, low);
 		return;
 	}
@@ -975,6 +1122,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 	peer->tx_acked += m.credits;
 	if (m.credits && peer->nheld_dests)
 		held_dests_release(peer);
+	if (m.credits && peer->ncancelled)
+		cancelled_release(peer);
 	peer->rx_consumed[low] = 1;
 	/* The slot's messages in order (it may hold several: protocol.md, "Message slot"). */
 	do {
@@ -995,16 +1144,28 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm)
 }
 
 /* Nothing is sent on the bootstrap connection after the bootstrap: readable means closed. */
+/*
+ * Reads what came on the peer's bootstrap connection: heartbeats (heartbeat.c), which say
+ * it is alive, or its end, which says it has left. Whether it has left.
+ */
 static bool bootstrap_closed(struct tfab_peer *peer)
 {
-	struct pollfd pfd = {.fd = peer->sock, .events = POLLIN};
-	char c;
+	uint8_t buf[256];
+	ssize_t n;
 
 	if (peer->sock < 0)
 		return false;
-	if (peer->closed_at_ms)
-		return true;
-	return poll(&pfd, 1, 0) > 0 && recv(peer->sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) <= 0;
+	/* Bounded: a peer that streams bytes at us does not hold progress here. */
+	for (int reads = 0; reads < 16 && !peer->closed_at_ms; reads++) {
+		n = recv(peer->sock, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n > 0)
+			peer->heard_ms = tfab__coarse_ms();
+		else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			peer->closed_at_ms = tfab__coarse_ms();
+		else if (errno != EINTR)
+			break;
+	}
+	return peer->closed_at_ms != 0;
 }
 
 int tfab__peer_write_status(struct tfab_peer *peer, int status)
@@ -1038,6 +1199,12 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 	if (peer->failed)
 		return;
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
+	peer->cut = !tfab__list_empty(&peer->requests);
+	/* No more heartbeats, and the end of the connection: the peer learns it too. */
+	if (peer->sock >= 0) {
+		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);
+		shutdown(peer->sock, SHUT_WR);
+	}
 	/*
 	 * Worth a warning only where something of the application's fails with it: a peer that
 	 * leaves (or is destroyed) with nothing pending is news, not trouble.
@@ -1068,9 +1235,22 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 	}
 }
 
+/*
+ * A peer that has sent a heartbeat and then nothing for the stall deadline (at least three
+ * heartbeats) has stopped, or the link to it is cut: 0 while it is not judged so.
+ */
+static uint64_t silence_limit_ms(const struct tfab_context *ctx)
+{
+	uint64_t limit = ctx->cfg.op_timeout_ms, beats = 3 * (uint64_t)ctx->cfg.heartbeat_ms;
+
+	if (!ctx->heartbeat || !limit)
+		return 0;
+	return limit > beats ? limit : beats;
+}
+
 void tfab__peers_check_liveness(struct tfab_context *ctx)
 {
-	uint64_t now = tfab__coarse_ms();
+	uint64_t now = tfab__coarse_ms(), silence = silence_limit_ms(ctx);
 	struct tfab_list *l, *t;
 
 	if (now < ctx->next_liveness_ms)
@@ -1083,7 +1263,7 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 
 		if (peer->sock < 0 || peer->failed)
 			continue;
-		if (peer->closed_at_ms) {
+		if (bootstrap_closed(peer)) {
 			if (now >= peer->closed_at_ms + CLOSE_GRACE_MS) {
 				TFAB_DEBUG(SUBSYS, "peer %u: its bootstrap connection closed",
 					   peer->id);
@@ -1091,8 +1271,13 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 			}
 			continue;
 		}
-		if (bootstrap_closed(peer))
-			peer->closed_at_ms = now;
+		if (silence && peer->heard_ms && now > peer->heard_ms + silence) {
+			TFAB_WARN(SUBSYS,
+				  "peer %u: no heartbeat for %llu ms (TFAB_OP_TIMEOUT_MS): it has "
+				  "stopped, or the link to it is cut",
+				  peer->id, (unsigned long long)(now - peer->heard_ms));
+			tfab__peer_fail(peer, -TFAB_ERR_TIMEOUT);
+		}
 	}
 	tfab_list_for_each_safe(l, t, &ctx->peers)
 	{

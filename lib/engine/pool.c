@@ -54,6 +54,12 @@ struct tfab_pool {
 	struct pool_block **buckets;
 	size_t nbuckets; /* a power of two */
 	size_t nblocks;
+	/*
+	 * Discarded blocks (tfab__pool_discard): deregistered, but their memory kept to the end,
+	 * since a fabric may honour a region's key after it is closed (libfabric's registration
+	 * cache, verbs' lazy deregistration) and a late write must land nowhere that is in use.
+	 */
+	struct pool_block *quarantine;
 	struct tfab_pool_stats st;
 };
 
@@ -234,6 +240,10 @@ int tfab__pool_destroy(struct tfab_pool *p)
 			block_release(p, b);
 		}
 	}
+	for (b = p->quarantine; b; b = next) {
+		next = b->next;
+		block_release(p, b);
+	}
 	pthread_mutex_destroy(&p->lock);
 	free(p->buckets);
 	free(p);
@@ -398,8 +408,20 @@ void tfab__pool_discard(struct tfab_pool *p, void *buf)
 		return;
 	hash_del(p, b);
 	p->st.blocks_out--;
+	p->st.bytes_quarantined += b->size;
 	pthread_mutex_unlock(&p->lock);
-	block_release(p, b);
+	for (unsigned i = 0; i < p->neps; i++) {
+		int rc = b->mr[i] ? p->eps[i]->ops->mr_dereg(b->mr[i]) : 0;
+
+		if (rc)
+			TFAB_WARN(SUBSYS, "deregistering a discarded %zu-byte block: %s", b->size,
+				  tfab_strerror(rc));
+		b->mr[i] = NULL;
+	}
+	pthread_mutex_lock(&p->lock);
+	b->next = p->quarantine;
+	p->quarantine = b;
+	pthread_mutex_unlock(&p->lock);
 }
 
 int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr **mr_p)

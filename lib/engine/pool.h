@@ -19,11 +19,12 @@
 struct tfab_pool;
 
 struct tfab_pool_stats {
-	uint64_t allocs;	/* blocks handed out */
-	uint64_t reuses;	/* of which came from a free list */
-	uint64_t registrations; /* calls of ops->mr_reg */
-	uint64_t blocks_out;	/* handed out and not yet freed */
-	uint64_t bytes_cached;	/* in free blocks, still registered */
+	uint64_t allocs;	    /* blocks handed out */
+	uint64_t reuses;	    /* of which came from a free list */
+	uint64_t registrations;	    /* calls of ops->mr_reg */
+	uint64_t blocks_out;	    /* handed out and not yet freed */
+	uint64_t bytes_cached;	    /* in free blocks, still registered */
+	uint64_t bytes_quarantined; /* discarded: kept, never reused, until the pool ends */
 };
 
 /*
@@ -52,8 +53,9 @@ int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr 
 void tfab__pool_free(struct tfab_pool *p, void *buf);
 
 /*
- * Deregister and free a block at once instead of returning it (engine lock held): a peer may
- * still write into it, so it must never be handed out again while registered.
+ * Take a block out of use for good instead of returning it (engine lock held): a peer may
+ * still write into it. It is deregistered now, and its memory kept, never reused, until the
+ * pool is destroyed (a fabric may honour a closed region's key for a while).
  */
 void tfab__pool_discard(struct tfab_pool *p, void *buf);
 

@@ -35,7 +35,7 @@ static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
 		uint32_t cap = ctx->req_cap ? ctx->req_cap * 2 : 1024, old = ctx->req_cap;
 		struct tfab_request **reqs;
 		uint16_t *gen;
-		uint32_t *fr;
+		uint32_t *fr, *owner;
 
 		if (cap > REQ_SLOT_MASK + 1)
 			cap = REQ_SLOT_MASK + 1;
@@ -49,6 +49,10 @@ static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
 		if (!gen)
 			return -ENOMEM;
 		ctx->req_gen = gen;
+		owner = realloc(ctx->req_owner, cap * sizeof(*owner));
+		if (!owner)
+			return -ENOMEM;
+		ctx->req_owner = owner;
 		fr = realloc(ctx->req_free, cap * sizeof(*fr));
 		if (!fr)
 			return -ENOMEM;
@@ -56,6 +60,7 @@ static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
 		for (uint32_t i = old; i < cap; i++) {
 			ctx->reqs[i] = NULL;
 			ctx->req_gen[i] = 0;
+			ctx->req_owner[i] = TFAB_NO_PEER;
 		}
 		/* Hand out low slots first. */
 		for (uint32_t i = cap; i > old; i--)
@@ -65,6 +70,7 @@ static int index_alloc(struct tfab_context *ctx, struct tfab_request *r)
 	slot = ctx->req_free[--ctx->req_nfree];
 	ctx->req_gen[slot] = (uint16_t)((ctx->req_gen[slot] + 1) & REQ_GEN_MASK);
 	ctx->reqs[slot] = r;
+	ctx->req_owner[slot] = r->peer->id;
 	r->index = (uint32_t)ctx->req_gen[slot] << REQ_SLOT_BITS | slot;
 	return 0;
 }
@@ -131,7 +137,10 @@ static void dest_release(struct tfab_request *r, bool discard)
 	if (r->dest_pool && r->dest)
 		r->peer->inflight -= r->dest_cap;
 	if (r->dest_pool && r->dest) {
-		if (discard)
+		/* A failed peer returns no credits: its block is never reused (its writes may land) */
+		if (discard && r->peer->failed)
+			tfab__pool_discard(ctx->pool, r->dest);
+		else if (discard)
 			tfab__peer_hold_dest(r->peer, r->dest);
 		else
 			tfab__pool_free(ctx->pool, r->dest);
@@ -194,9 +203,16 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 		tfab__peer_send_msg(r->peer, &m);
 		if (r->state == TFAB_REQ_DONE)
 			return; /* the send failed the peer, and the peer this request */
+		/* its content (or empty write) may be on its way: no lie until the CANCEL is read */
+		if (r->state == TFAB_REQ_REQUESTED)
+			tfab__peer_cancelled(r->peer, r->index);
 	}
-	/* The sender may already be writing: never hand this memory out again registered. */
-	dest_release(r, exposed && !r->peer->failed);
+	/*
+	 * The sender may already be writing, a failed one too (a partition, a silence past the
+	 * deadline: its connection outlives our verdict): never hand this memory out again
+	 * registered.
+	 */
+	dest_release(r, exposed);
 	request_done(r, status);
 }
 
@@ -453,15 +469,70 @@ static void request_complete(struct tfab_request *r, uint64_t nbytes)
 	request_take(r, nbytes);
 }
 
-void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len)
+/*
+ * A content write for index that names no request waiting for the writer's content (src; NULL
+ * where the backend cannot tell). A request of ours that we cancelled may still be written
+ * until the writer read the CANCEL; anything else is refused: an index of no request,
+ * another peer's, a stale generation, or a request that has its content. Whether it was.
+ */
+static bool content_refused(struct tfab_context *ctx, uint32_t index, struct tfab_peer *src,
+			    struct tfab_request *live)
+{
+	uint32_t slot = index & REQ_SLOT_MASK;
+	uint32_t owner = slot < ctx->req_cap ? ctx->req_owner[slot] : TFAB_NO_PEER;
+	struct tfab_peer *o = owner < ctx->peer_cap ? ctx->peer_by_id[owner] : NULL;
+	const char *why;
+	char what[160];
+
+	if (live && src && !tfab__peer_same_endpoint(live->peer, src)) {
+		why = "another peer's request";
+	} else if (live && src) {
+		why = "a request not waiting for content";
+	} else if (src ? tfab__peer_was_cancelled(src, index)
+		       : !live && o && tfab__peer_was_cancelled(o, index)) {
+		TFAB_DEBUG(SUBSYS, "content for request %#x, which we cancelled: dropped", index);
+		return false;
+	} else if (!live && !o && owner != TFAB_NO_PEER) {
+		TFAB_DEBUG(SUBSYS, "content for request %#x of a peer gone: dropped", index);
+		return false;
+	} else if (!src) {
+		/* no writer to refuse: counted and dropped */
+		ctx->stats.refused++;
+		TFAB_DEBUG(SUBSYS, "content for request %#x, which is not waiting: refused", index);
+		return true;
+	} else if (o && !tfab__peer_same_endpoint(o, src)) {
+		why = "another peer's request (a stale one)";
+	} else if (o) {
+		why = "a stale generation of its request";
+	} else {
+		why = "no request";
+	}
+	snprintf(what, sizeof(what), "a content write naming %s (index %#x)", why, index);
+	tfab__peer_refuse(src, what);
+	return true;
+}
+
+void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len, uint32_t src_id)
 {
 	struct tfab_request *r = request_find(ctx, index);
+	struct tfab_peer *src = src_id < ctx->peer_cap ? ctx->peer_by_id[src_id] : NULL;
+	uint32_t slot = index & REQ_SLOT_MASK;
+	struct tfab_request *live =
+	    slot < ctx->req_cap && ctx->reqs[slot] && ctx->reqs[slot]->index == index
+		? ctx->reqs[slot]
+		: NULL;
 	/* a tensor with no content is answered by a zero-byte write, into no destination */
 	bool empty = r && r->meta_valid && (r->meta.is_dead || r->meta.nbytes == 0) && len == 0 &&
 		     !r->dest_mr && r->state == TFAB_REQ_REQUESTED;
 
+	if (src_id != TFAB_NO_PEER && !src)
+		return; /* from a peer destroyed since */
+	if (src && src->failed)
+		return; /* nothing more is taken from it */
+	if (r && src && !tfab__peer_same_endpoint(r->peer, src))
+		r = NULL; /* another peer's request: refused below */
 	if (!r || (!r->dest_mr && !empty)) {
-		TFAB_DEBUG(SUBSYS, "content for request %#x, which is not waiting: dropped", index);
+		content_refused(ctx, index, src, live);
 		return;
 	}
 	TFAB_TRACE(SUBSYS, "content for '%s' step %lld from peer %u landed: %llu bytes", r->key,
@@ -515,6 +586,14 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	struct tfab_request *r = request_find(peer->ctx, m->req_index);
 	int rc;
 
+	if (r && !tfab__peer_same_endpoint(r->peer, peer)) {
+		char what[96];
+
+		snprintf(what, sizeof(what), "a %s naming another peer's request (index %#x)",
+			 m->type == TFAB_MSG_ERROR ? "ERROR" : "META_DATA", m->req_index);
+		tfab__peer_refuse(peer, what);
+		return;
+	}
 	if (!r || r->peer != peer) {
 		TFAB_DEBUG(SUBSYS, "a reply for request %#x, which is not waiting: dropped",
 			   m->req_index);
@@ -525,6 +604,18 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 			  r->key, (long long)r->step, tfab_strerror(m->status), (int)m->errmsg_len,
 			  m->errmsg ? m->errmsg : "");
 		tfab__request_fail(r, m->status, false);
+		return;
+	}
+	/* A sender's tensor is fixed per step: it needs one META_DATA, not a stream of them. */
+	if (!(m->flags & TFAB_MSGF_COMPLETE) && ++r->meta_replies > TFAB_MAX_META_REPLIES) {
+		char what[TFAB_MAX_KEY + 160];
+
+		snprintf(what, sizeof(what),
+			 "META_DATA storm: receive of '%s' step %lld answered with meta-data %u "
+			 "times (at most %u)",
+			 r->key, (long long)r->step, (unsigned)r->meta_replies,
+			 TFAB_MAX_META_REPLIES);
+		tfab__peer_refuse(peer, what);
 		return;
 	}
 	r->since_ms = tfab__coarse_ms(); /* an answer: the peer is working on it */

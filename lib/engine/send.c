@@ -696,12 +696,8 @@ void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms)
 	}
 }
 
-void tfab__send_on_write_done(struct tfab_send *s, int status)
+static void send_write_done(struct tfab_context *ctx, struct tfab_send *s, int status)
 {
-	struct tfab_peer *peer = s->resp.peer;
-	struct tfab_context *ctx = peer->ctx;
-
-	peer->users--;
 	if (status && !s->write_err)
 		s->write_err = status;
 	if (s->gpu) {
@@ -732,6 +728,14 @@ void tfab__send_on_write_done(struct tfab_send *s, int status)
 		stage_drain(ctx, s);
 	}
 	writes_settled(ctx, s);
+}
+
+void tfab__send_on_write_done(struct tfab_send *s, int status)
+{
+	struct tfab_peer *peer = s->resp.peer;
+
+	send_write_done(peer->ctx, s, status); /* may free s */
+	tfab__peer_unuse(peer);
 }
 
 unsigned tfab__sends_abandon(struct tfab_context *ctx)

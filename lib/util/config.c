@@ -187,6 +187,12 @@ static const struct tfab_config_entry table[] = {
      "TFAB_ERR_TIMEOUT and a warning naming the peer, key and step; 0 waits for ever. "
      "Blocking receives keep their own timeout",
      FIELD(op_timeout_ms), &parser_uint, 0, 86400000},
+    {"TFAB_HEARTBEAT_MS", "1000",
+     "A thread writes a heartbeat on every peer's bootstrap connection this often, whether "
+     "or not the application calls progress; a peer that has sent one and then nothing for "
+     "TFAB_OP_TIMEOUT_MS (at least three heartbeats) fails with TFAB_ERR_TIMEOUT: a stopped "
+     "process or a cut link. 0 sends none",
+     FIELD(heartbeat_ms), &parser_uint, 0, 3600000},
     {"TFAB_OFI_DOMAIN", "",
      "libfabric domain (interface) to open, such as lo or eth0 (shm has none); empty takes "
      "libfabric's first",
@@ -351,6 +357,12 @@ int tfab__config_set(struct tfab_config *cfg, const char *name, const char *valu
 
 int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen)
 {
+	return tfab__config_init_with(cfg, NULL, NULL, 0, errbuf, errlen);
+}
+
+int tfab__config_init_with(struct tfab_config *cfg, const char *const *names,
+			   const char *const *values, size_t n, char *errbuf, size_t errlen)
+{
 	int first_rc = 0;
 
 	memset(cfg, 0, sizeof(*cfg));
@@ -371,6 +383,22 @@ int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen)
 			first_rc = rc;
 		if (rc)
 			entry_set(cfg, &table[i], table[i].dflt, NULL, 0);
+	}
+	/* Explicit settings last: they win over the environment. */
+	for (size_t i = 0; i < n; i++) {
+		int rc = -TFAB_ERR_CONFIG;
+
+		if (!names || !values || !names[i] || !values[i]) {
+			if (!first_rc && errbuf && errlen)
+				snprintf(errbuf, errlen, "setting %zu has no name or no value", i);
+		} else {
+			rc = tfab__config_set(cfg, names[i], values[i], first_rc ? NULL : errbuf,
+					      first_rc ? 0 : errlen);
+			if (rc == -ENOENT)
+				rc = -TFAB_ERR_CONFIG;
+		}
+		if (rc && !first_rc)
+			first_rc = rc;
 	}
 	return first_rc;
 }

@@ -15,6 +15,7 @@ struct tfab_config {
 	int log_level;		     /* TFAB_LOG_LEVEL */
 	unsigned connect_timeout_ms; /* TFAB_CONNECT_TIMEOUT_MS */
 	unsigned op_timeout_ms;	     /* TFAB_OP_TIMEOUT_MS, 0 for none */
+	unsigned heartbeat_ms;	     /* TFAB_HEARTBEAT_MS, 0 for none */
 	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */
@@ -83,6 +84,13 @@ const struct tfab_config_entry *tfab__config_find(const char *name);
  * errbuf; cfg then holds defaults for everything that failed.
  */
 int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen);
+
+/*
+ * Defaults, then the environment, then n explicit settings (names[i] = values[i]) over both.
+ * Returns 0, or -TFAB_ERR_CONFIG naming the first bad variable or unknown name in errbuf.
+ */
+int tfab__config_init_with(struct tfab_config *cfg, const char *const *names,
+			   const char *const *values, size_t n, char *errbuf, size_t errlen);
 
 /* Set one field from text; returns 0, -ENOENT for an unknown name, or -TFAB_ERR_CONFIG. */
 int tfab__config_set(struct tfab_config *cfg, const char *name, const char *value, char *errbuf,

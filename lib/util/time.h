@@ -6,6 +6,7 @@
 #ifndef TFAB_UTIL_TIME_H
 #define TFAB_UTIL_TIME_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -35,6 +36,17 @@ static inline uint64_t tfab__coarse_ns(void)
 static inline uint64_t tfab__coarse_ms(void)
 {
 	return tfab__coarse_ns() / 1000000ull;
+}
+
+/* A condition variable whose timed waits take CLOCK_MONOTONIC deadlines. */
+static inline void tfab__cond_init_monotonic(pthread_cond_t *cond)
+{
+	pthread_condattr_t attr;
+
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(cond, &attr);
+	pthread_condattr_destroy(&attr);
 }
 
 #endif

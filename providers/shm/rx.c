@@ -44,6 +44,19 @@ static uint8_t *rx_check(struct tfab_shm_ep *ep, const struct tfab_shm_entry *e)
 	return (uint8_t *)(uintptr_t)e->raddr;
 }
 
+/*
+ * A live connection of ours to the endpoint that owns slot s (REMOTE_WRITE's src): the writer
+ * stamped its endpoint's id in the slot when it claimed it, and our connection to it mapped
+ * that endpoint's segment, which says the same id. NULL while we have none.
+ */
+static struct tfab_conn *rx_src(struct tfab_shm_ep *ep, const struct tfab_shm_slot *s)
+{
+	for (struct tfab_shm_conn *c = ep->conns; c; c = c->next)
+		if (!c->closing && c->peer && c->peer->ep_id == s->owner_ep)
+			return &c->base;
+	return NULL;
+}
+
 /* The target's side: takes one writer's entries, lands them, and gives its verdicts. */
 static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, int max)
 {
@@ -52,6 +65,8 @@ static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, in
 	uint32_t state = atomic_load_explicit(&s->state, memory_order_acquire);
 	uint64_t tail0 = atomic_load_explicit(&s->ring.tail, memory_order_relaxed), tail = tail0;
 	struct tfab_shm_entry *e;
+	struct tfab_conn *src = NULL;
+	bool src_found = false;
 	int n = 0;
 
 	if (state != TFAB_SHM_SLOT_ACTIVE && state != TFAB_SHM_SLOT_CLOSING)
@@ -110,8 +125,13 @@ static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, in
 				   (int)rx->pid, (size_t)e->len, (unsigned long long)e->raddr,
 				   (unsigned long long)e->rkey);
 		else if (report) {
+			if (!src_found) {
+				src = rx_src(ep, s);
+				src_found = true;
+			}
 			memset(&ev[n], 0, sizeof(ev[n]));
 			ev[n].type = TFAB_EV_REMOTE_WRITE;
+			ev[n].src = src;
 			ev[n].imm = e->imm;
 			ev[n++].len = len;
 		}

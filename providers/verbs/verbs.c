@@ -368,6 +368,33 @@ static int on_send_wc(struct tfab_verbs_ep *ep, const struct ibv_wc *wc, struct 
 	return nev;
 }
 
+/*
+ * A live connection of ours to the endpoint whose write completed on passive queue pair qpn
+ * (REMOTE_WRITE's src): the passive end recorded the writer's endpoint id when the writer
+ * connected to it. NULL while we have none.
+ */
+static struct tfab_conn *wc_src(struct tfab_verbs_ep *ep, uint32_t qpn)
+{
+	const struct tfab_verbs_passive *p = NULL;
+
+	for (struct tfab_list *l = ep->passives.next; l != &ep->passives && !p; l = l->next) {
+		const struct tfab_verbs_passive *q =
+		    tfab_container_of(l, struct tfab_verbs_passive, link);
+
+		if (q->qp && q->qp->qp_num == qpn)
+			p = q;
+	}
+	if (!p)
+		return NULL;
+	for (struct tfab_list *l = ep->conns.next; l != &ep->conns; l = l->next) {
+		struct tfab_verbs_conn *c = tfab_container_of(l, struct tfab_verbs_conn, link);
+
+		if (!c->zombie && c->remote.ep_id == p->remote_ep)
+			return &c->base;
+	}
+	return NULL;
+}
+
 static int on_wc(struct tfab_verbs_ep *ep, const struct ibv_wc *wc, struct tfab_event *out)
 {
 	unsigned slot = (unsigned)(wc->wr_id >> 3);
@@ -381,6 +408,7 @@ static int on_wc(struct tfab_verbs_ep *ep, const struct ibv_wc *wc, struct tfab_
 				return 0; /* nothing of ours sends */
 			out->type = TFAB_EV_REMOTE_WRITE;
 			out->imm = ntohl(wc->imm_data);
+			out->src = wc_src(ep, wc->qp_num);
 			/* The last piece of a split write: its whole length is not known here. */
 			out->len = wc->byte_len < ep->len_exact_below ? wc->byte_len : 0;
 			return 1;

@@ -593,11 +593,20 @@ static void watch_end(void)
 	remove_scratch();
 }
 
+static bool listed(const char *list, const char *name);
+
 static void run_scenario(void **state)
 {
 	const struct mp_scenario *s = *state;
 	struct mp mp = {.rank = 0, .nranks = s->nranks, .test = s->name};
 	char self[512];
+	const char *run_provider = getenv("TFAB_PROVIDER");
+
+	if (s->not_on && run_provider && listed(s->not_on, run_provider)) {
+		printf("SKIP %s on %s: %s\n", s->name, run_provider, s->not_on_why);
+		fflush(stdout);
+		skip();
+	}
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	int rc, failed = 0;
 

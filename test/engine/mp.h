@@ -37,6 +37,8 @@ struct mp_scenario {
 	/* TFAB_PROVIDER of a rank's context, or NULL for the run's (NULL: every rank's). */
 	const char *(*provider)(int rank);
 	bool only_named; /* runs only where MP_ONLY names it (it needs its own environment) */
+	/* TFAB_PROVIDER values (comma-separated) where it is a cmocka skip, and why */
+	const char *not_on, *not_on_why;
 };
 
 /* A failed check in any rank: print where and return 1 from the scenario. */

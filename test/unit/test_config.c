@@ -132,6 +132,42 @@ static void test_env_overrides(void **state)
 	assert_field_is(&cfg, "TFAB_LOG_LEVEL", "debug");
 }
 
+/* Explicit settings win over the environment; unknown names and bad values are refused. */
+static void test_init_with(void **state)
+{
+	static const char *const names[] = {"TFAB_PROVIDER", "TFAB_OFI_CQ_SIZE"};
+	static const char *const values[] = {"shm", "2K"};
+	static const char *const bad_names[] = {"TFAB_NO_SUCH_SETTING"};
+	static const char *const bad_values[] = {"1"};
+	static const char *const range_names[] = {"TFAB_PROGRESS_THREAD"};
+	static const char *const range_values[] = {"7"};
+	struct tfab_config cfg;
+	char err[128] = "";
+
+	(void)state;
+	setenv("TFAB_PROVIDER", "ofi:tcp", 1);
+	setenv("TFAB_OFI_DOMAIN", "lo", 1);
+	assert_int_equal(tfab__config_init_with(&cfg, names, values, 2, err, sizeof(err)), 0);
+	assert_string_equal(cfg.provider, "shm");
+	assert_int_equal(cfg.ofi_cq_size, 2048);
+	/* The environment still gives what is not named. */
+	assert_string_equal(cfg.ofi_domain, "lo");
+	/* None given: the environment's. */
+	assert_int_equal(tfab__config_init_with(&cfg, NULL, NULL, 0, err, sizeof(err)), 0);
+	assert_string_equal(cfg.provider, "ofi:tcp");
+	assert_int_equal(tfab__config_init_with(&cfg, bad_names, bad_values, 1, err, sizeof(err)),
+			 -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_NO_SUCH_SETTING"));
+	assert_int_equal(
+	    tfab__config_init_with(&cfg, range_names, range_values, 1, err, sizeof(err)),
+	    -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_PROGRESS_THREAD=7"));
+	assert_int_equal(tfab__config_init_with(&cfg, names, NULL, 1, err, sizeof(err)),
+			 -TFAB_ERR_CONFIG);
+	/* The environment was left alone. */
+	assert_string_equal(getenv("TFAB_PROVIDER"), "ofi:tcp");
+}
+
 static void test_suffixes(void **state)
 {
 	struct tfab_config cfg = {0};
@@ -388,6 +424,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_defaults_parse_each, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_names_unique, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_init_with, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_suffixes, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_env_invalid, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_first_error_reported, clean_env, clean_env),

@@ -70,9 +70,11 @@ static void test_from_shared_library(void **state)
 static void test_exports(void **state)
 {
 	static const char *const public[] = {
-	    "tfab_strerror",	  "tfab_version",	"tfab_log_set_sink",
-	    "tfab_log_set_level", "tfab_log_get_level", "tfab_log_level_name",
-	    "tfab_setting_count", "tfab_setting_get",	"tfab_settings_check",
+	    "tfab_strerror",	   "tfab_version",
+	    "tfab_log_set_sink",   "tfab_log_set_level",
+	    "tfab_log_get_level",  "tfab_log_level_name",
+	    "tfab_setting_count",  "tfab_setting_get",
+	    "tfab_settings_check", "tfab_context_create_with",
 	};
 	static const char *const internal[] = {
 	    "tfab__config_init",  "tfab__config_set",	 "tfab__config_table",
@@ -87,6 +89,28 @@ static void test_exports(void **state)
 	for (size_t i = 0; i < sizeof(internal) / sizeof(internal[0]); i++)
 		if (dlsym(RTLD_DEFAULT, internal[i]))
 			fail_msg("%s is exported", internal[i]);
+}
+
+/* A context with explicit settings: they win over the environment, which stays as it was. */
+static void test_context_create_with(void **state)
+{
+	static const char *const names[] = {"TFAB_PROVIDER", "TFAB_HEARTBEAT_MS"};
+	static const char *const values[] = {"shm", "0"};
+	static const char *const bad[] = {"TFAB_NOT_A_SETTING"};
+	struct tfab_context *ctx = NULL;
+	const char *paths[4];
+
+	(void)state;
+	setenv("TFAB_PROVIDER", "no-such-path", 1);
+	assert_int_equal(tfab_context_create_with(&ctx, names, values, 2), 0);
+	assert_int_equal(tfab_context_paths(ctx, paths, 4), 1);
+	assert_string_equal(paths[0], "shm");
+	assert_int_equal(tfab_context_destroy(ctx), 0);
+	ctx = NULL;
+	assert_int_equal(tfab_context_create_with(&ctx, bad, values, 1), -TFAB_ERR_CONFIG);
+	assert_null(ctx);
+	assert_string_equal(getenv("TFAB_PROVIDER"), "no-such-path");
+	unsetenv("TFAB_PROVIDER");
 }
 
 static int find_cuda(struct dl_phdr_info *info, size_t size, void *arg)
@@ -297,9 +321,10 @@ out:
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_version),  cmocka_unit_test(test_strerror),
-	    cmocka_unit_test(test_settings), cmocka_unit_test(test_from_shared_library),
-	    cmocka_unit_test(test_exports),  cmocka_unit_test(test_no_cuda_at_load),
+	    cmocka_unit_test(test_version),	    cmocka_unit_test(test_strerror),
+	    cmocka_unit_test(test_settings),	    cmocka_unit_test(test_from_shared_library),
+	    cmocka_unit_test(test_exports),	    cmocka_unit_test(test_context_create_with),
+	    cmocka_unit_test(test_no_cuda_at_load),
 	};
 
 	if (argc == 2 && strcmp(argv[1], "--cpu-only") == 0)

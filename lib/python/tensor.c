@@ -1,0 +1,478 @@
+/*
+ * Received tensors (tfab._tfab.Tensor) and DLPack in both directions: a Tensor hands out
+ * capsules whose tensors keep it alive, and returns the library's memory to its pool when the
+ * last view is gone; tfabpy_dlpack_import takes a tensor from anything with __dlpack__ or, for
+ * what DLPack 0.6 cannot say (NumPy's bool), from the buffer protocol.
+ */
+#include "tfabpy.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* DLPack 0.8's kDLBool: the header here is older, the value is the same. */
+#define TFABPY_DL_BOOL 6
+
+/* A view handed to a DLPack consumer: keeps the Tensor alive until the consumer's deleter. */
+struct export
+{
+	DLManagedTensor m;
+	PyObject *tensor;
+};
+
+static void export_deleter(DLManagedTensor *m)
+{
+	struct export *e = m->manager_ctx;
+	PyGILState_STATE g = PyGILState_Ensure();
+
+	Py_DECREF(e->tensor);
+	free(e);
+	PyGILState_Release(g);
+}
+
+/* A capsule nobody consumed (still "dltensor") owns its tensor. */
+static void capsule_destructor(PyObject *cap)
+{
+	DLManagedTensor *m;
+
+	if (!PyCapsule_IsValid(cap, "dltensor"))
+		return;
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (m && m->deleter)
+		m->deleter(m);
+}
+
+PyObject *tfabpy_tensor_new(struct tfabpy_context *owner, DLManagedTensor *m, PyObject *base)
+{
+	struct tfabpy_tensor *t = PyObject_GC_New(struct tfabpy_tensor, &tfabpy_tensor_type);
+
+	if (!t) {
+		{
+			PyThreadState *ts = PyEval_SaveThread();
+
+			m->deleter(m);
+			PyEval_RestoreThread(ts);
+		}
+		if (owner)
+			tfabpy_context_tensor_gone(owner);
+		return NULL;
+	}
+	t->m = m;
+	t->owner = owner;
+	Py_XINCREF(owner);
+	t->base = base;
+	Py_XINCREF(base);
+	t->weakrefs = NULL;
+	PyObject_GC_Track(t);
+	return (PyObject *)t;
+}
+
+static int tensor_traverse(struct tfabpy_tensor *t, visitproc visit, void *arg)
+{
+	Py_VISIT(t->owner);
+	Py_VISIT(t->base);
+	return 0;
+}
+
+static void tensor_dealloc(struct tfabpy_tensor *t)
+{
+	DLManagedTensor *m = t->m;
+
+	PyObject_GC_UnTrack(t);
+	if (t->weakrefs)
+		PyObject_ClearWeakRefs((PyObject *)t);
+	t->m = NULL;
+	if (m && m->deleter) {
+		{
+			PyThreadState *ts = PyEval_SaveThread();
+
+			m->deleter(m);
+			PyEval_RestoreThread(ts);
+		}
+	}
+	if (t->owner) {
+		tfabpy_context_tensor_gone(t->owner);
+		Py_CLEAR(t->owner);
+	}
+	Py_CLEAR(t->base);
+	PyObject_GC_Del(t);
+}
+
+static PyObject *tensor_dlpack(struct tfabpy_tensor *t, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"stream", NULL};
+	PyObject *stream = Py_None, *cap;
+	struct export *e;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:__dlpack__", kwlist, &stream))
+		return NULL;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return PyErr_NoMemory();
+	e->m.dl_tensor = t->m->dl_tensor;
+	e->m.manager_ctx = e;
+	e->m.deleter = export_deleter;
+	e->tensor = (PyObject *)t;
+	Py_INCREF(t);
+	cap = PyCapsule_New(&e->m, "dltensor", capsule_destructor);
+	if (!cap) {
+		Py_DECREF(t);
+		free(e);
+	}
+	return cap;
+}
+
+static PyObject *tensor_dlpack_device(struct tfabpy_tensor *t, PyObject *unused)
+{
+	(void)unused;
+	return Py_BuildValue("(ii)", (int)t->m->dl_tensor.device.device_type,
+			     (int)t->m->dl_tensor.device.device_id);
+}
+
+/* NumPy's name of a DLPack dtype, or NULL (bfloat16 has none there). */
+static const char *dtype_name(DLDataType d, char *buf, size_t len)
+{
+	const char *kind;
+
+	if (d.lanes != 1)
+		return NULL;
+	switch (d.code) {
+	case kDLInt:
+		kind = "int";
+		break;
+	case kDLUInt:
+		kind = "uint";
+		break;
+	case kDLFloat:
+		kind = "float";
+		break;
+	case kDLBfloat:
+		kind = "bfloat";
+		break;
+	case kDLComplex:
+		kind = "complex";
+		break;
+	case TFABPY_DL_BOOL:
+		return d.bits == 8 ? "bool" : NULL;
+	default:
+		return NULL;
+	}
+	snprintf(buf, len, "%s%u", kind, (unsigned)d.bits);
+	return buf;
+}
+
+static PyObject *tensor_get_dtype(struct tfabpy_tensor *t, void *closure)
+{
+	char buf[32];
+	const char *name = dtype_name(t->m->dl_tensor.dtype, buf, sizeof(buf));
+
+	(void)closure;
+	if (!name)
+		return PyUnicode_FromFormat(
+		    "dlpack(%u,%u,%u)", (unsigned)t->m->dl_tensor.dtype.code,
+		    (unsigned)t->m->dl_tensor.dtype.bits, (unsigned)t->m->dl_tensor.dtype.lanes);
+	return PyUnicode_FromString(name);
+}
+
+static PyObject *tensor_get_shape(struct tfabpy_tensor *t, void *closure)
+{
+	const DLTensor *d = &t->m->dl_tensor;
+	PyObject *shape = PyTuple_New(d->ndim);
+
+	(void)closure;
+	if (!shape)
+		return NULL;
+	for (int i = 0; i < d->ndim; i++) {
+		PyObject *v = PyLong_FromLongLong(d->shape[i]);
+
+		if (!v) {
+			Py_DECREF(shape);
+			return NULL;
+		}
+		PyTuple_SET_ITEM(shape, i, v);
+	}
+	return shape;
+}
+
+static uint64_t tensor_nbytes(const DLTensor *d)
+{
+	uint64_t n = ((uint64_t)d->dtype.bits * d->dtype.lanes + 7) / 8;
+
+	for (int i = 0; i < d->ndim; i++)
+		n *= (uint64_t)d->shape[i];
+	return n;
+}
+
+static PyObject *tensor_get_nbytes(struct tfabpy_tensor *t, void *closure)
+{
+	(void)closure;
+	return PyLong_FromUnsignedLongLong(tensor_nbytes(&t->m->dl_tensor));
+}
+
+static PyObject *tensor_get_data_ptr(struct tfabpy_tensor *t, void *closure)
+{
+	(void)closure;
+	return PyLong_FromVoidPtr((char *)t->m->dl_tensor.data + t->m->dl_tensor.byte_offset);
+}
+
+static PyObject *tensor_get_ndim(struct tfabpy_tensor *t, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(t->m->dl_tensor.ndim);
+}
+
+/*
+ * NumPy's array interface, zero copy as DLPack is, for what NumPy 1.24's from_dlpack refuses
+ * (bool): numpy.asarray(tensor) is a view that keeps the tensor alive.
+ */
+static PyObject *tensor_get_array_interface(struct tfabpy_tensor *t, void *closure)
+{
+	const DLTensor *d = &t->m->dl_tensor;
+	char typestr[16];
+	char kind;
+	PyObject *shape, *res;
+
+	(void)closure;
+	if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDAHost) {
+		PyErr_SetString(PyExc_AttributeError, "not a CPU tensor: no __array_interface__");
+		return NULL;
+	}
+	switch (d->dtype.code) {
+	case kDLInt:
+		kind = 'i';
+		break;
+	case kDLUInt:
+		kind = 'u';
+		break;
+	case kDLFloat:
+		kind = 'f';
+		break;
+	case kDLComplex:
+		kind = 'c';
+		break;
+	case TFABPY_DL_BOOL:
+		kind = 'b';
+		break;
+	default:
+		PyErr_SetString(PyExc_AttributeError,
+				"NumPy has no such dtype (bfloat16: use torch.from_dlpack)");
+		return NULL;
+	}
+	if (d->dtype.lanes != 1) {
+		PyErr_SetString(PyExc_AttributeError, "vector dtypes have no NumPy equivalent");
+		return NULL;
+	}
+	snprintf(typestr, sizeof(typestr), "%c%c%u", d->dtype.bits == 8 ? '|' : '<', kind,
+		 (unsigned)d->dtype.bits / 8);
+	shape = tensor_get_shape(t, NULL);
+	if (!shape)
+		return NULL;
+	res = Py_BuildValue("{s:N,s:s,s:(N,O),s:O,s:i}", "shape", shape, "typestr", typestr, "data",
+			    PyLong_FromVoidPtr((char *)d->data + d->byte_offset), Py_False,
+			    "strides", Py_None, "version", 3);
+	return res;
+}
+
+static PyObject *tensor_numpy(struct tfabpy_tensor *t, PyObject *unused)
+{
+	PyObject *np, *res;
+
+	(void)unused;
+	np = PyImport_ImportModule("numpy");
+	if (!np)
+		return NULL;
+	res = PyObject_CallMethod(np, "asarray", "O", (PyObject *)t);
+	Py_DECREF(np);
+	return res;
+}
+
+static PyObject *tensor_repr(struct tfabpy_tensor *t)
+{
+	PyObject *shape = tensor_get_shape(t, NULL), *dtype = tensor_get_dtype(t, NULL), *r = NULL;
+
+	if (shape && dtype)
+		r = PyUnicode_FromFormat("tfab.Tensor(shape=%R, dtype=%S)", shape, dtype);
+	Py_XDECREF(shape);
+	Py_XDECREF(dtype);
+	return r;
+}
+
+static PyMethodDef tensor_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(stream=None) -> capsule: a DLPack view of the received memory; the tensor "
+     "stays alive until its consumer lets it go."},
+    {"__dlpack_device__", (PyCFunction)tensor_dlpack_device, METH_NOARGS,
+     "__dlpack_device__() -> (device_type, device_id)"},
+    {"numpy", (PyCFunction)tensor_numpy, METH_NOARGS,
+     "numpy() -> numpy.ndarray: a view (no copy) of the received memory, any NumPy dtype "
+     "(bool too, which NumPy 1.24's from_dlpack refuses)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef tensor_getset[] = {
+    {"shape", (getter)tensor_get_shape, NULL, "The shape, a tuple of ints.", NULL},
+    {"dtype", (getter)tensor_get_dtype, NULL,
+     "NumPy's name of the dtype ('float32', 'bool', 'bfloat16').", NULL},
+    {"ndim", (getter)tensor_get_ndim, NULL, "Number of dimensions.", NULL},
+    {"nbytes", (getter)tensor_get_nbytes, NULL, "Bytes of content.", NULL},
+    {"data_ptr", (getter)tensor_get_data_ptr, NULL, "Address of the first element.", NULL},
+    {"__array_interface__", (getter)tensor_get_array_interface, NULL, "NumPy's array interface.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject tfabpy_tensor_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tfab.Tensor",
+    .tp_basicsize = sizeof(struct tfabpy_tensor),
+    .tp_dealloc = (destructor)tensor_dealloc,
+    .tp_repr = (reprfunc)tensor_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A received tensor in the library's registered memory. numpy.from_dlpack(t), "
+	      "torch.from_dlpack(t) and t.numpy() are views of it, no copy; the memory goes back "
+	      "to the pool when the tensor and the last view are gone.",
+    .tp_traverse = (traverseproc)tensor_traverse,
+    .tp_weaklistoffset = offsetof(struct tfabpy_tensor, weakrefs),
+    .tp_methods = tensor_methods,
+    .tp_getset = tensor_getset,
+};
+
+bool tfabpy_is_compact(const DLTensor *t)
+{
+	int64_t want = 1;
+
+	if (!t->strides)
+		return true;
+	for (int i = t->ndim - 1; i >= 0; i--) {
+		/* A dimension of one (or an empty tensor) may have any stride. */
+		if (t->shape[i] != 1 && t->strides[i] != want)
+			return t->shape[i] == 0;
+		want *= t->shape[i];
+	}
+	return true;
+}
+
+/* A tensor over a Py_buffer, for objects DLPack 0.6 cannot export (NumPy's bool). */
+struct buffer_tensor {
+	DLManagedTensor m;
+	Py_buffer view;
+	int64_t shape[];
+};
+
+static void buffer_deleter(DLManagedTensor *m)
+{
+	struct buffer_tensor *b = m->manager_ctx;
+	PyGILState_STATE g = PyGILState_Ensure();
+
+	PyBuffer_Release(&b->view);
+	free(b);
+	PyGILState_Release(g);
+}
+
+static int buffer_dtype(const Py_buffer *v, DLDataType *d)
+{
+	const char *f = v->format ? v->format : "B";
+	uint8_t code;
+
+	if (*f == '<' || *f == '=' || *f == '@' || *f == '|')
+		f++;
+	if (strcmp(f, "?") == 0)
+		code = TFABPY_DL_BOOL;
+	else if (strlen(f) == 1 && strchr("bhilqn", *f))
+		code = kDLInt;
+	else if (strlen(f) == 1 && strchr("BHILQN", *f))
+		code = kDLUInt;
+	else if (strcmp(f, "e") == 0 || strcmp(f, "f") == 0 || strcmp(f, "d") == 0)
+		code = kDLFloat;
+	else if (strcmp(f, "Zf") == 0 || strcmp(f, "Zd") == 0)
+		code = kDLComplex;
+	else
+		return -1;
+	d->code = code;
+	d->bits = (uint8_t)(v->itemsize * 8);
+	d->lanes = 1;
+	return 0;
+}
+
+static int import_buffer(PyObject *obj, DLManagedTensor **m_p)
+{
+	struct buffer_tensor *b;
+	Py_buffer view;
+
+	if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) <
+	    0) {
+		PyErr_Clear();
+		if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+			return -1;
+	}
+	b = calloc(1, sizeof(*b) + sizeof(int64_t) * (size_t)(view.ndim ? view.ndim : 1));
+	if (!b) {
+		PyBuffer_Release(&view);
+		PyErr_NoMemory();
+		return -1;
+	}
+	b->view = view;
+	if (buffer_dtype(&view, &b->m.dl_tensor.dtype) < 0) {
+		PyErr_Format(PyExc_TypeError, "tfab: dtype of format '%s' has no DLPack equivalent",
+			     view.format ? view.format : "?");
+		PyBuffer_Release(&b->view);
+		free(b);
+		return -1;
+	}
+	for (int i = 0; i < view.ndim; i++)
+		b->shape[i] = view.shape ? view.shape[i] : view.len / view.itemsize;
+	b->m.dl_tensor.data = view.buf;
+	b->m.dl_tensor.device.device_type = kDLCPU;
+	b->m.dl_tensor.ndim = view.ndim;
+	b->m.dl_tensor.shape = b->shape;
+	b->m.manager_ctx = b;
+	b->m.deleter = buffer_deleter;
+	*m_p = &b->m;
+	return 0;
+}
+
+int tfabpy_dlpack_import(PyObject *obj, DLManagedTensor **m_p)
+{
+	PyObject *cap;
+	DLManagedTensor *m;
+
+	if (!PyObject_HasAttrString(obj, "__dlpack__")) {
+		if (PyObject_CheckBuffer(obj) && import_buffer(obj, m_p) == 0)
+			return 0;
+		PyErr_Clear();
+		PyErr_Format(PyExc_TypeError,
+			     "tfab: expected a tensor with __dlpack__ (a NumPy array, a torch "
+			     "tensor), got %.200s",
+			     Py_TYPE(obj)->tp_name);
+		return -1;
+	}
+	cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+	if (!cap) {
+		/* NumPy 1.24 exports no bool through DLPack 0.6: its buffer says it all. */
+		if (PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
+			PyObject *type, *value, *tb;
+
+			PyErr_Fetch(&type, &value, &tb);
+			if (import_buffer(obj, m_p) == 0) {
+				Py_XDECREF(type);
+				Py_XDECREF(value);
+				Py_XDECREF(tb);
+				return 0;
+			}
+			PyErr_Clear();
+			PyErr_Restore(type, value, tb);
+		}
+		return -1;
+	}
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (!m) {
+		Py_DECREF(cap);
+		return -1;
+	}
+	/* Consumed: the capsule's destructor leaves it to us now. */
+	if (PyCapsule_SetName(cap, "used_dltensor") < 0) {
+		Py_DECREF(cap);
+		return -1;
+	}
+	Py_DECREF(cap);
+	*m_p = m;
+	return 0;
+}

@@ -1,0 +1,431 @@
+"""tfab: zero-copy tensor rendezvous between processes (Python binding of libtfab).
+
+A receiver asks for a tensor by key and step; the sender's fabric writes it straight from the
+sender's tensor into the receiver's memory. Tensors are anything with ``__dlpack__`` (NumPy
+arrays, torch tensors); received ones are :class:`Tensor` objects that NumPy and torch view
+without a copy. See doc/python.md for ownership, threads and errors.
+"""
+
+import atexit as _atexit
+import concurrent.futures as _cf
+import threading as _threading
+import time as _time
+import weakref as _weakref
+
+from . import errors
+from .errors import (AbortedError, ConfigError, Error, NoFabricError, OutMismatchError,
+                     PeerFailedError, ProtocolError, TimeoutError, status_name)
+from . import _tfab
+from ._tfab import Peer, Tensor
+
+__all__ = [
+    "Context", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
+    "ProtocolError", "AbortedError", "ConfigError", "NoFabricError", "OutMismatchError",
+    "status_name", "settings", "version", "MAX_KEY_LEN",
+]
+
+MAX_KEY_LEN = _tfab.MAX_KEY_LEN
+_EPROTOTYPE = __import__("errno").EPROTOTYPE
+
+
+def version() -> str:
+    """The C library's version."""
+    return _tfab.version()
+
+
+def settings():
+    """Every TFAB_* setting: a list of (name, default, help)."""
+    return _tfab.settings()
+
+
+def _setting_name(name: str) -> str:
+    name = name.upper()
+    return name if name.startswith("TFAB_") else "TFAB_" + name
+
+
+def _setting_value(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+_RUNNING, _FINISHED = _cf._base.RUNNING, _cf._base.FINISHED
+_DONE = (_cf._base.CANCELLED, _cf._base.CANCELLED_AND_NOTIFIED, _FINISHED)
+try:
+    from numpy import ndarray as _ndarray
+except ImportError:  # pragma: no cover
+    _ndarray = None
+
+
+class Future(_cf.Future):
+    """A ``concurrent.futures.Future`` for a send or a receive. Without a progress thread,
+    ``result()`` and ``exception()`` drive the context's progress while they wait. From
+    asyncio: ``await asyncio.wrap_future(f)`` (with ``progress_thread=True``, or a task that
+    calls ``ctx.progress()``). It cannot be cancelled: use ``step_cleanup`` or ``abort``."""
+
+    # concurrent.futures.Future makes a threading.Condition per future and takes it in every
+    # call; a fetch's future is made, completed and read once, mostly by one thread. Here the
+    # condition is made only when a thread waits on it, or installs a waiter or a callback,
+    # and completion writes the state first and then notifies whatever found the condition:
+    # under the GIL, a waiter that made it before the write is notified, one that made it
+    # after sees the state (python-api tests the threads and asyncio).
+
+    def __init__(self, ctx: "Context"):
+        # what concurrent.futures.Future.__init__ sets, bar the condition
+        self._state = _RUNNING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+        self._ctx = ctx
+
+    @property
+    def _condition(self):
+        cond = self.__dict__.get("_cond")
+        if cond is None:
+            cond = self.__dict__.setdefault("_cond", _threading.Condition())
+        return cond
+
+    def done(self):
+        return self._state in _DONE
+
+    def _finish(self, exception):
+        if self._state in _DONE:
+            raise _cf.InvalidStateError("tfab: %r is already done" % (self,))
+        self._state = _FINISHED
+        cond = self.__dict__.get("_cond")
+        if cond is not None:
+            with cond:
+                for waiter in self._waiters:
+                    if exception is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+                cond.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()
+
+    def set_result(self, result):
+        self._result = result
+        self._finish(None)
+
+    def set_exception(self, exception):
+        self._exception = exception
+        self._finish(exception)
+
+    # Completions, called by the library (with the GIL) on the thread that drives progress.
+
+    def _send_done(self, status):
+        if status:
+            self.set_exception(errors._from_status(status, "send"))
+        else:
+            self.set_result(None)
+
+    def _recv_done(self, status, tensor, dead):
+        if status:
+            self.set_exception(errors._from_status(status, "recv"))
+        else:
+            self.set_result(None if dead else tensor)
+
+    def _wait(self, timeout):
+        ctx = self._ctx
+        if self.done() or ctx is None or ctx._c.progress_thread:
+            return
+        try:
+            ctx._c.progress_wait(self, -1.0 if timeout is None else float(timeout))
+        except Exception:
+            return  # a closed context: its operations end on their own
+
+    def result(self, timeout=None):
+        if self._state != _FINISHED:
+            self._wait(timeout)
+        if self._state == _FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        return super().result(timeout=0 if self._needs_drive() else timeout)
+
+    def exception(self, timeout=None):
+        if self._state != _FINISHED:
+            self._wait(timeout)
+        return super().exception(timeout=0 if self._needs_drive() else timeout)
+
+    def _needs_drive(self):
+        return self._ctx is not None and not self._ctx._c.progress_thread
+
+
+def _strings_of(tensor):
+    """(shape, flat list of bytes) when tensor is a string tensor, else None."""
+    if isinstance(tensor, (bytes, bytearray)):
+        return (), [bytes(tensor)]
+    if isinstance(tensor, (list, tuple)):
+        try:
+            import numpy
+        except ImportError:
+            return (len(tensor),), list(tensor)
+        arr = numpy.array(tensor, dtype=object)
+        return arr.shape, [bytes(x) for x in arr.reshape(-1)]
+    dtype = getattr(tensor, "dtype", None)
+    kind = getattr(dtype, "kind", None)
+    if kind in ("O", "S") and hasattr(tensor, "reshape"):
+        return tuple(tensor.shape), [bytes(x) for x in tensor.reshape(-1)]
+    return None
+
+
+def _strings_array(shape, items):
+    try:
+        import numpy
+    except ImportError:
+        return items
+    arr = numpy.empty(len(items), dtype=object)
+    arr[:] = items
+    return arr.reshape(shape)
+
+
+def _out_view(out, view):
+    """What an any_shape receive into out returns: a view of out with the tensor's shape."""
+    if type(out).__module__.split(".")[0] == "torch":
+        import torch
+        return torch.from_dlpack(view)
+    import numpy
+    return numpy.asarray(view)
+
+
+class Context:
+    """A tfab context: one per process is typical.
+
+    ``provider`` is TFAB_PROVIDER ("shm", "ofi:tcp", "auto", ...); every other keyword is a
+    TFAB_* setting by its name without the prefix, in any case (``progress_thread=True``,
+    ``op_timeout_ms=5000``); they win over the environment, which is not changed. Use it as a
+    context manager, or call ``close()``. Thread-safe: any thread may call any method.
+    """
+
+    def __init__(self, provider=None, **settings):
+        pairs = []
+        if provider is not None:
+            pairs.append(("TFAB_PROVIDER", str(provider)))
+        for name, value in settings.items():
+            pairs.append((_setting_name(name), _setting_value(value)))
+        self._c = _tfab.Context(pairs)
+        self._string_keys = set()  # (peer, key) that recv() found sent as strings
+        _live.add(self)
+
+    # Life
+
+    def close(self) -> None:
+        """Abort what is pending (futures fail with AbortedError) and close every peer. The
+        library's memory behind received tensors still alive stays valid until they go."""
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    @property
+    def progress_thread(self) -> bool:
+        """Whether a progress thread drives this context (the TFAB_PROGRESS_THREAD setting)."""
+        return self._c.progress_thread
+
+    @property
+    def paths(self):
+        """The paths this context opened, in order of preference ('shm', 'ofi:tcp')."""
+        return self._c.paths()
+
+    @property
+    def fabric(self):
+        """(backend, fabric, domain) of the first path."""
+        return self._c.fabric
+
+    # Peers
+
+    def listen(self, host=None, port: int = 0) -> int:
+        """Listen for peers on host:port (None: any; 0: any port); returns the port."""
+        return self._c.listen(host, port)
+
+    def accept(self, timeout: float = 10.0) -> Peer:
+        """Accept one peer that called connect(), within timeout seconds."""
+        return self._c.accept(int(timeout * 1000))
+
+    def connect(self, host: str, port: int, timeout: float = 10.0) -> Peer:
+        """Connect to a listening context at host:port, within timeout seconds."""
+        return self._c.connect(host, port, int(timeout * 1000))
+
+    def peer(self) -> Peer:
+        """A peer to connect through blobs moved by other means: send ``peer.blob()`` to the
+        other side and pass what it sends back to ``peer.connect(blob)``."""
+        return self._c.peer_create()
+
+    # Progress
+
+    def progress(self) -> int:
+        """Drive progress once (the GIL released); returns the events handled."""
+        return self._c.progress()
+
+    def flush(self, timeout=None) -> None:
+        """Wait until every send posted so far has ended (raises TimeoutError)."""
+        self._c.flush(timeout)
+
+    # Sends
+
+    def send(self, key, step: int, tensor, is_dead: bool = False, peer: Peer = None) -> Future:
+        """Offer ``tensor`` under (key, step). It is never copied and kept alive until the
+        returned future completes: None when a receiver has it whole, or an exception.
+        ``tensor``: anything with ``__dlpack__`` (contiguous, CPU or CUDA), or a string
+        tensor (bytes, a list or an object/bytes array of bytes). ``peer``: only that peer's
+        receives take it. ``is_dead`` with ``tensor=None`` sends a dead tensor."""
+        fut = Future(self)
+        if type(tensor) is _ndarray and tensor.dtype.kind not in "OSUV":
+            # a NumPy array of numbers: no string tensor, no torch bool to bridge
+            self._c.send(key, step, tensor, is_dead, peer, fut._send_done)
+            return fut
+        cb = fut._send_done
+        if tensor is None:
+            if not is_dead:
+                raise TypeError("tfab: send() needs a tensor unless is_dead")
+            tensor = _empty()
+        tensor = _torch_bool(tensor)
+        strings = _strings_of(tensor)
+        if strings is not None:
+            self._c.send_strings(key, step, strings[0], strings[1], is_dead, peer, cb)
+        else:
+            self._c.send(key, step, tensor, is_dead, peer, cb)
+        return fut
+
+    # Receives
+
+    def recv(self, peer: Peer, key, step: int, out=None, timeout=None,
+             any_shape: bool = False):
+        """Receive (key, step) from peer, waiting at most ``timeout`` seconds (None: no
+        limit) with the GIL released. Returns a :class:`Tensor` in the library's memory
+        (``numpy.from_dlpack``, ``torch.from_dlpack`` or ``.numpy()`` view it), or with
+        ``out=`` (a contiguous array of the sender's dtype and shape) ``out`` itself, filled
+        in place; ``any_shape=True`` takes any shape that fits and returns a view of out.
+        A string tensor comes as an object array of bytes; a dead tensor as None."""
+        if out is None and (peer, key) in self._string_keys:
+            try:
+                return self.recv_strings(peer, key, step, timeout=timeout)
+            except Error as e:
+                if abs(e.status) != _EPROTOTYPE:
+                    raise
+                self._string_keys.discard((peer, key))  # a tensor this time
+        try:
+            tensor, dead = self._c.recv(peer, key, step, out, any_shape, timeout)
+        except Error as e:
+            if abs(e.status) != _EPROTOTYPE or out is not None:
+                raise
+            # A key sent as strings: received as strings from now on, without the try.
+            if len(self._string_keys) >= 4096:
+                self._string_keys.clear()  # a bound: forgetting costs one try again
+            self._string_keys.add((peer, key))
+            return self.recv_strings(peer, key, step, timeout=timeout)
+        if dead:
+            return None
+        if out is not None:
+            return _out_view(out, tensor) if any_shape else out
+        return tensor
+
+    def recv_async(self, peer: Peer, key, step: int, out=None, any_shape: bool = False) -> Future:
+        """recv() without waiting: a Future of what recv() returns."""
+        fut = Future(self)
+        cb = fut._recv_done if out is None else _recv_callback(fut, out, any_shape)
+        self._c.recv_async(peer, key, step, out, any_shape, cb)
+        return fut
+
+    def recv_strings(self, peer: Peer, key, step: int, timeout=None):
+        """Receive a string tensor: an object array of bytes (None when dead)."""
+        (shape, items), dead = self._c.recv_strings(peer, key, step, timeout)
+        if dead or shape is None:
+            return None
+        return _strings_array(shape, items)
+
+    def recv_strings_async(self, peer: Peer, key, step: int) -> Future:
+        """recv_strings() without waiting: a Future."""
+        fut = Future(self)
+
+        def done(status, res, dead):
+            if status:
+                fut.set_exception(errors._from_status(status, "recv_strings"))
+            elif dead or res[0] is None:
+                fut.set_result(None)
+            else:
+                fut.set_result(_strings_array(res[0], res[1]))
+        self._c.recv_strings_async(peer, key, step, done)
+        return fut
+
+    def recv_ahead(self, peer: Peer, key, depth: int) -> None:
+        """No-request mode for key from peer: keep requests standing ``depth`` steps ahead."""
+        self._c.recv_ahead(peer, key, depth)
+
+    # Steps, failures, statistics
+
+    def step_cleanup(self, step: int) -> None:
+        """Fail every pending send and receive of step with AbortedError, and forget them."""
+        self._c.step_cleanup(step)
+
+    def abort(self, status: int = 0) -> None:
+        """Fail everything pending, and every later send and receive, with status
+        (AbortedError by default)."""
+        self._c.abort(status)
+
+    def stats(self) -> dict:
+        """The context's counters (bytes_sent, bytes_received, bytes_copied, ...)."""
+        return self._c.stats()
+
+    def __repr__(self):
+        state = "closed" if self.closed else ",".join(self.paths)
+        return "tfab.Context(%s)" % state
+
+
+# Contexts still open at exit are closed while the interpreter can still run their callbacks.
+_live = _weakref.WeakSet()
+
+
+@_atexit.register
+def _close_all():
+    for ctx in list(_live):
+        try:
+            ctx.close()
+        except Exception:  # pragma: no cover
+            pass
+
+
+def _torch_bool(tensor):
+    """torch 1.13 exports no bool through DLPack: a CPU one goes as its NumPy view (no copy)."""
+    if type(tensor).__module__.split(".")[0] != "torch":
+        return tensor
+    import torch
+    if tensor.dtype is torch.bool and tensor.device.type == "cpu" and tensor.is_contiguous():
+        return tensor.numpy()
+    return tensor
+
+
+def _empty():
+    try:
+        import numpy
+        return numpy.empty(0, dtype=numpy.float32)
+    except ImportError:  # pragma: no cover
+        return bytearray()
+
+
+def _recv_callback(fut, out, any_shape):
+    def done(status, tensor, dead):
+        if status:
+            what = "recv into out=: its dtype or shape (or size) does not match the tensor sent" \
+                if out is not None else "recv"
+            fut.set_exception(errors._from_status(status, what))
+        elif dead:
+            fut.set_result(None)
+        elif out is not None:
+            try:
+                fut.set_result(_out_view(out, tensor) if any_shape else out)
+            except Exception as e:  # pragma: no cover
+                fut.set_exception(e)
+        else:
+            fut.set_result(tensor)
+    return done

@@ -1,0 +1,66 @@
+/*
+ * The CPython binding's shared declarations: the objects (Context, Peer, Tensor), the error
+ * raising and the DLPack helpers that the module's files share.
+ */
+#ifndef TFAB_PYTHON_TFABPY_H
+#define TFAB_PYTHON_TFABPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdbool.h>
+
+#include <tfab/tfab.h>
+
+struct tfabpy_context {
+	PyObject_HEAD struct tfab_context *ctx;
+	/* close() was called: every later call fails; destroyed when the last user is gone. */
+	bool closed;
+	bool progress_thread;
+	/* Calls inside the library with the GIL released, and received tensors alive. */
+	long busy;
+	long tensors;
+	PyObject *weakrefs;
+};
+
+struct tfabpy_peer {
+	PyObject_HEAD struct tfabpy_context *owner;
+	struct tfab_peer *peer;
+};
+
+/* A received tensor: the library's DLManagedTensor, returned to the pool at the last view. */
+struct tfabpy_tensor {
+	PyObject_HEAD struct tfabpy_context *owner; /* NULL for a view of the caller's out= array */
+	DLManagedTensor *m;
+	PyObject *base; /* out=: the caller's array */
+	PyObject *weakrefs;
+};
+
+extern PyTypeObject tfabpy_context_type;
+extern PyTypeObject tfabpy_peer_type;
+extern PyTypeObject tfabpy_tensor_type;
+
+/* Raise tfab's exception for status (negative), with what the call was. NULL always. */
+PyObject *tfabpy_raise(int status, const char *what);
+/* Forget the last library error logged by this thread (before a call that may fail). */
+void tfabpy_clear_last_error(void);
+int tfabpy_errors_init(PyObject *module);
+void tfabpy_log_init(void);
+
+/* A Tensor owning m (a received tensor); steals m. NULL with an exception set on failure. */
+PyObject *tfabpy_tensor_new(struct tfabpy_context *owner, DLManagedTensor *m, PyObject *base);
+
+/*
+ * Import obj's tensor through __dlpack__: *m_p gets its DLManagedTensor (the caller owns it:
+ * call its deleter when done), the capsule marked used. -1 with an exception set.
+ */
+int tfabpy_dlpack_import(PyObject *obj, DLManagedTensor **m_p);
+/* Whether t is compact row-major (strides NULL or those of its shape). */
+bool tfabpy_is_compact(const DLTensor *t);
+
+/* The context is open; raises and returns false otherwise. */
+bool tfabpy_context_usable(struct tfabpy_context *c);
+/* After the library gave back a tensor of c's: once none are left, a closed c is destroyed. */
+void tfabpy_context_tensor_gone(struct tfabpy_context *c);
+
+#endif

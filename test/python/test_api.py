@@ -1,0 +1,291 @@
+"""The binding's API in one process: settings, errors, lifetimes, CUDA without a GPU, the
+GIL released while waiting, futures and asyncio. Two contexts of this process are joined
+through blobs, on the provider under test."""
+import asyncio
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tfab
+import tfabtest
+from dlpack_ctypes import FakeDeviceTensor
+
+
+@pytest.fixture
+def pair():
+    # Both sides of one process need progress while the test blocks in one of them.
+    a = tfabtest.context(progress_thread=True)
+    b = tfabtest.context(progress_thread=True)
+    pa, pb = a.peer(), b.peer()
+    blob_a, blob_b = pa.blob(), pb.blob()
+    pa.connect(blob_b)
+    pb.connect(blob_a)
+    yield a, b, pa, pb
+    b.close()
+    a.close()
+
+
+def test_settings_map_to_tfab_settings():
+    with tfab.Context("shm", progress_thread=True, op_timeout_ms=1234) as ctx:
+        assert ctx.progress_thread
+        assert ctx.paths == ["shm"]
+    with pytest.raises(tfab.ConfigError) as e:
+        tfab.Context("shm", no_such_setting=1)
+    assert "TFAB_NO_SUCH_SETTING" in str(e.value) and e.value.name == "TFAB_ERR_CONFIG"
+    with pytest.raises(tfab.ConfigError) as e:
+        tfab.Context("shm", progress_thread=7)
+    assert "TFAB_PROGRESS_THREAD=7" in str(e.value)
+    assert any(name == "TFAB_PROVIDER" for name, _, _ in tfab.settings())
+
+
+def test_progress_thread_from_environment(monkeypatch):
+    monkeypatch.setenv("TFAB_PROGRESS_THREAD", "1")
+    with tfab.Context("shm") as ctx:
+        assert ctx.progress_thread
+    with tfab.Context("shm", progress_thread=False) as ctx:
+        assert not ctx.progress_thread
+
+
+def test_errors_are_typed():
+    assert issubclass(tfab.TimeoutError, tfab.Error)
+    assert issubclass(tfab.TimeoutError, TimeoutError)
+    assert issubclass(tfab.PeerFailedError, tfab.Error)
+    assert issubclass(tfab.ProtocolError, tfab.Error)
+    e = tfab.errors._from_status(-257, "recv")
+    assert isinstance(e, tfab.PeerFailedError) and e.name == "TFAB_ERR_PEER_FAILED"
+    assert isinstance(tfab.errors._from_status(-258, "x"), tfab.ProtocolError)
+    assert isinstance(tfab.errors._from_status(-266, "x"), tfab.TimeoutError)
+    assert tfab.status_name(-22) == "EINVAL"
+
+
+def test_send_recv_in_process(pair):
+    a, b, pa, pb = pair
+    x = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    f = a.send("k", 1, x)
+    t = b.recv(pb, "k", 1, timeout=10)
+    assert f.result(10) is None
+    v = np.from_dlpack(t)
+    np.testing.assert_array_equal(v, x)
+    assert v.ctypes.data == t.data_ptr
+    assert b.stats()["bytes_copied"] == 0
+    assert "tfab.Tensor" in repr(t) and t.nbytes == x.nbytes and t.ndim == 3
+    assert t.__dlpack_device__() == (1, 0)
+
+
+def test_send_keeps_tensor_alive(pair):
+    a, b, pa, pb = pair
+    x = np.arange(1000, dtype=np.int32)
+    rc = __import__("sys").getrefcount(x)
+    f = a.send("alive", 1, x)
+    assert __import__("sys").getrefcount(x) > rc  # held by the send
+    t = b.recv(pb, "alive", 1, timeout=10)
+    f.result(10)
+    gc.collect()
+    assert __import__("sys").getrefcount(x) == rc  # and let go when it completed
+    np.testing.assert_array_equal(np.from_dlpack(t), x)
+
+
+def test_unconsumed_capsule_lets_go(pair):
+    import sys
+    a, b, pa, pb = pair
+    a.send("cap", 1, np.arange(4))
+    t = b.recv(pb, "cap", 1, timeout=10)
+    before = sys.getrefcount(t)
+    cap = t.__dlpack__()
+    assert sys.getrefcount(t) == before + 1  # the capsule's tensor holds it
+    del cap  # never consumed: its destructor calls the deleter
+    assert sys.getrefcount(t) == before
+    v = np.from_dlpack(t)  # consumed: held until the array goes
+    assert sys.getrefcount(t) == before + 1
+    del v
+    assert sys.getrefcount(t) == before
+
+
+def test_view_outlives_tensor_object(pair):
+    a, b, pa, pb = pair
+    a.send("v", 1, np.full(100, 3, np.int16))
+    v = np.from_dlpack(b.recv(pb, "v", 1, timeout=10))  # the Tensor itself is gone
+    gc.collect()
+    assert (v == 3).all()
+
+
+def test_close_with_views_alive():
+    a = tfabtest.context(progress_thread=True)
+    b = tfabtest.context(progress_thread=True)
+    pa, pb = a.peer(), b.peer()
+    ba, bb = pa.blob(), pb.blob()
+    pa.connect(bb)
+    pb.connect(ba)
+    a.send("c", 1, np.arange(10))
+    v = np.from_dlpack(b.recv(pb, "c", 1, timeout=10))
+    b.close()
+    a.close()
+    assert b.closed
+    assert v.sum() == 45  # the pool memory stays until the last view goes
+    with pytest.raises(ValueError):
+        b.recv(pb, "c", 2, timeout=1)
+    del v
+    gc.collect()
+
+
+def test_cuda_tensor_without_gpu_is_refused(pair):
+    a, b, pa, pb = pair
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU (torch.cuda.is_available())")
+    except ImportError:
+        pass
+    t = FakeDeviceTensor()
+    with pytest.raises(tfab.Error) as e:
+        a.send("gpu", 1, t)
+    assert "CUDA" in str(e.value), str(e.value)
+    assert t.deleted == 1  # the refused tensor was handed back
+
+
+def test_not_a_tensor():
+    with tfab.Context("shm") as ctx:
+        with pytest.raises(TypeError, match="__dlpack__"):
+            ctx.send("x", 1, object())
+        with pytest.raises(ValueError, match="at most 512"):
+            ctx.send("k" * 513, 1, np.zeros(1))
+        with pytest.raises(ValueError, match="contiguous"):
+            ctx.send("x", 1, np.zeros((4, 4))[:, ::2])
+
+
+def test_gil_released_while_waiting(pair):
+    a, b, pa, pb = pair
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    th = threading.Thread(target=tick)
+    th.start()
+    with pytest.raises(tfab.TimeoutError):
+        b.recv(pb, "nothing", 1, timeout=0.5)
+    stop.set()
+    th.join(10)
+    assert len(ticks) > 50, "another thread ran %d times in 0.5 s" % len(ticks)
+
+
+def test_threads_share_a_context(pair):
+    a, b, pa, pb = pair
+    n = 200
+    errors = []
+
+    def recv_some(first):
+        try:
+            for s in range(first, n, 4):
+                assert int(np.from_dlpack(b.recv(pb, "th", s, timeout=20))[0]) == s
+        except Exception as e:  # noqa
+            errors.append(e)
+
+    threads = [threading.Thread(target=recv_some, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    futs = [a.send("th", s, np.array([s])) for s in range(n)]
+    for f in futs:
+        f.result(30)
+    for th in threads:
+        th.join(30)
+    assert not errors, errors
+
+
+def test_asyncio(pair):
+    a, b, pa, pb = pair
+
+    async def main():
+        fut = asyncio.wrap_future(b.recv_async(pb, "aio", 1))
+        a.send("aio", 1, np.arange(5))
+        while not fut.done():
+            await asyncio.sleep(0.001)
+        return np.from_dlpack(await asyncio.wait_for(fut, 10)).tolist()
+
+    assert asyncio.run(asyncio.wait_for(main(), 20)) == [0, 1, 2, 3, 4]
+
+
+def test_future_completed_from_another_thread():
+    # tfab.Future makes its condition only when something waits: a waiter, a done callback or
+    # concurrent.futures.wait() that came before the completion is told, one after sees it.
+    import concurrent.futures as cf
+    with tfab.Context("shm") as ctx:
+        start = time.monotonic()
+        for i in range(200):
+            f = tfab.Future(ctx)
+            f._ctx = None  # nothing to drive: completed by the thread below
+            seen = []
+            f.add_done_callback(lambda x: seen.append(x.result()))
+            # half complete after the waits below began, half perhaps before
+            t = threading.Thread(target=lambda f=f, i=i: (time.sleep(0.001 * (i % 2)),
+                                                          f.set_result(i)))
+            t.start()
+            if i % 4 < 2:  # blocked in result() (notified), or in wait() (its waiter told)
+                assert f.result(timeout=60) == i
+            assert cf.wait([f], timeout=60).done == {f}
+            assert f.result(timeout=60) == i and f.done()
+            t.join()
+            assert seen == [i]
+        # a waiter never notified would sit out its whole timeout each time (a hang, not speed)
+        assert time.monotonic() - start < 30
+        late = tfab.Future(ctx)
+        late.set_result(1)
+        seen = []
+        late.add_done_callback(lambda x: seen.append(x.result()))
+        assert seen == [1]
+        with pytest.raises(cf.InvalidStateError):
+            late.set_result(2)
+        failed = tfab.Future(ctx)
+        failed.set_exception(ValueError("x"))
+        with pytest.raises(ValueError):
+            failed.result()
+        assert isinstance(failed.exception(), ValueError)
+
+
+def test_abort_fails_pending(pair):
+    a, b, pa, pb = pair
+    f = b.recv_async(pb, "ab", 1)
+    b.abort()
+    with pytest.raises(tfab.AbortedError):
+        f.result(10)
+    with pytest.raises(tfab.AbortedError):
+        b.recv(pb, "ab", 2, timeout=1)
+
+
+def test_peer_path(pair):
+    a, b, pa, pb = pair
+    assert pa.path == pb.path and pa.path in a.paths
+    assert pa.status == 0
+
+
+def test_readme_example_is_the_one_tested():
+    import os
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(root, "doc", "examples", "python_pair.py")) as f:
+        example = f.read()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == example, "README's Python example differs from doc/examples/python_pair.py"
+
+
+def test_exit_with_contexts_open():
+    import subprocess
+    import sys
+    code = ("import numpy as np, tfab\n"
+            "a = tfab.Context('shm', progress_thread=True)\n"
+            "b = tfab.Context('shm', progress_thread=True)\n"
+            "pa, pb = a.peer(), b.peer(); ba, bb = pa.blob(), pb.blob()\n"
+            "pa.connect(bb); pb.connect(ba)\n"
+            "a.send('never-taken', 1, np.zeros(10))\n"
+            "f = b.recv_async(pb, 'never-sent', 1)\n"
+            "t = (a.send('x', 1, np.ones(3)), b.recv(pb, 'x', 1, timeout=10))\n"
+            "v = np.from_dlpack(t[1])\n")
+    r = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()
