@@ -240,14 +240,10 @@ static int conn_send(struct tfab_context *ctx, struct conn *c, const char *key, 
 	return tfab_send_to(ctx, c->peer, key, c->step, &t, false, on_sent, &c->send);
 }
 
+/* A post that returned an error: the failure is seen now, which may be well after post_ms. */
 static void conn_post_failed(struct op *op, int rc)
 {
-	op->pending = false;
-	totals.failed++;
-	printf("FAIL op=%s step=%lld status=%s post_ms=%llu fail_ms=%llu\n", op->name,
-	       (long long)op->step, status_name(rc), (unsigned long long)op->post_ms,
-	       (unsigned long long)op->post_ms);
-	fflush(stdout);
+	op_end(op, rc);
 }
 
 /* The hub: accepts on a thread of its own (a handshake may take a while through loss). */

@@ -128,7 +128,7 @@ def start(rank, host, path, args, env_extra=None):
     env = dict(os.environ)
     env.update({"TFAB_PROVIDER": path, "TFAB_OP_TIMEOUT_MS": str(DEADLINE_MS),
                 "TFAB_HEARTBEAT_MS": str(HEARTBEAT_MS), "TFAB_TEST_SLACK_MS": str(SLACK_MS),
-                "TFAB_LOG_LEVEL": "error"})
+                "TFAB_LOG_LEVEL": "warn"})
     if path.startswith("ofi:"):
         env.update({"FI_PROVIDER": path[4:], "TFAB_OFI_DOMAIN": "eth0"})
     cmd = [rank] + [str(a) for a in args]
@@ -140,6 +140,12 @@ def start(rank, host, path, args, env_extra=None):
                             text=True, start_new_session=True)
     STARTED.add(str(proc.pid))  # `ip netns exec` execs the rank: the same pid
     return proc
+
+
+def log_tail(out, n=12):
+    """The library's last log lines in a process's output (warnings and errors)."""
+    lines = [l for l in out.splitlines() if l.startswith("tfab ")]
+    return "\n".join("        " + l for l in lines[-n:]) or "        (no log lines)"
 
 
 def parse(out):
@@ -194,12 +200,19 @@ def run_case(rank, name, path):
     for h, out in outs.items():
         fails, summary = parse(out)
         victim = h == "h1" and kind == "signal"
+        if victim and fault[1] == "KILL" and procs[h].returncode != -signal.SIGKILL:
+            # killed by us, or it died of something else first (a crash the kill would hide)
+            problems.append("%s (the one killed) ended otherwise than by our SIGKILL (rc %s):"
+                            "\n%s" % (h, procs[h].returncode, out.strip()[-3000:]))
         if summary is None:
             if not (victim and fault[1] == "KILL"):
                 problems.append("%s ended without a summary (rc %s):\n%s"
                                 % (h, procs[h].returncode, out.strip()[-3000:]))
-            continue
-        if procs[h].returncode != 0:
+            if not victim:
+                continue
+            # the killed one: what it printed before the kill is still judged below
+            summary = {"completed": 0, "failed": 0, "corrupt": 0, "hung": 0}
+        elif procs[h].returncode != 0:
             problems.append("%s exited with %d" % (h, procs[h].returncode))
         completed += int(summary["completed"])
         failed += int(summary["failed"])
@@ -222,17 +235,17 @@ def run_case(rank, name, path):
             by_status[f["status"]] = by_status.get(f["status"], 0) + 1
             if not f["status"].startswith("TFAB_ERR_"):
                 problems.append("%s: a failure with no named status: %s" % (h, f))
+            post, when = int(f["post_ms"]), int(f["fail_ms"])
+            if when < fault_ms:
+                problems.append("%s: a failure before any fault: %s\n%s" % (h, f, log_tail(out)))
             if victim:
                 continue  # a stopped process sees nothing while stopped
-            post, when = int(f["post_ms"]), int(f["fail_ms"])
             took = when - max(post, fault_ms)
             if kind == "signal" or when <= heal_ms + BOUND_MS:
                 longest = max(longest, took)
             if took > BOUND_MS:
                 problems.append("%s: a failure surfaced %d ms after its fault (bound %d): %s"
                                 % (h, took, BOUND_MS, f))
-            if when < fault_ms:
-                problems.append("%s: a failure before any fault: %s" % (h, f))
     if kind == "loss" or kind == "drop":
         pass
     if survivor_ok < 2:
