@@ -3,11 +3,13 @@
  * connects, or a spoke that trades tensors with the hub, round after round, until a wall-clock
  * end, while the driver breaks the link or the process under it.
  *
- *   fault_rank hub   PORT END_MS
- *   fault_rank spoke HOST PORT END_MS BYTES
+ *   fault_rank hub   PORT
+ *   fault_rank spoke HOST PORT BYTES
  *
- * END_MS is CLOCK_REALTIME in milliseconds: every process of a case stops starting rounds
- * then. A round of a spoke is a send of "up" (BYTES) and a receive of "down"; the hub
+ * Each prints READY once its context is up (the hub's listening), then reads END_MS from its
+ * standard input: CLOCK_REALTIME in milliseconds, when every process of a case stops starting
+ * rounds. The driver sends it once all are ready, so that a slow start (a VM under emulation)
+ * does not eat the case's time. A round of a spoke is a send of "up" (BYTES) and a receive of "down"; the hub
  * receives "up" and answers with "down" of the same size. Every tensor is checked word by
  * word. A spoke whose connection fails connects again until the end.
  *
@@ -246,6 +248,20 @@ static void conn_post_failed(struct op *op, int rc)
 	op_end(op, rc);
 }
 
+/* READY, then the end of the case from the driver; 0 where none came. */
+static uint64_t ready_wait(void)
+{
+	unsigned long long end_ms;
+
+	printf("READY\n");
+	fflush(stdout);
+	if (scanf("%llu", &end_ms) != 1) {
+		fprintf(stderr, "fault_rank: no END_MS on standard input\n");
+		return 0;
+	}
+	return end_ms;
+}
+
 /* The hub: accepts on a thread of its own (a handshake may take a while through loss). */
 struct hub {
 	struct tfab_context *ctx;
@@ -312,13 +328,17 @@ static void hub_step(struct tfab_context *ctx, struct conn *c)
 		conn_post_failed(&c->recv, rc);
 }
 
-static int run_hub(struct tfab_context *ctx, uint16_t port, uint64_t end_ms)
+static int run_hub(struct tfab_context *ctx, uint16_t port)
 {
 	struct conn conns[MAX_CONNS] = {0};
 	struct hub h = {.ctx = ctx};
 	pthread_t thread;
+	uint64_t end_ms;
 
 	if (tfab_listen(ctx, "0.0.0.0", port, NULL))
+		return 1;
+	end_ms = ready_wait();
+	if (!end_ms)
 		return 1;
 	pthread_mutex_init(&h.lock, NULL);
 	pthread_create(&thread, NULL, accept_main, &h);
@@ -396,17 +416,27 @@ static void spoke_goodbye(struct tfab_context *ctx, struct conn *c)
 		c->send.pending = false;
 }
 
-static int run_spoke(struct tfab_context *ctx, const char *host, uint16_t port, uint64_t end_ms,
-		     size_t bytes)
+static int run_spoke(struct tfab_context *ctx, const char *host, uint16_t port, size_t bytes)
 {
 	struct conn c = {0};
+	int last_connect_rc = 0;
+	uint64_t end_ms = ready_wait();
+
+	if (!end_ms)
+		return 1;
 
 	while (realtime_ms() < end_ms) {
 		int rc;
 
 		if (!c.live) {
-			if (tfab_connect(ctx, host, port, 1000, &c.peer) != 0)
+			rc = tfab_connect(ctx, host, port, 1000, &c.peer);
+			if (rc) {
+				/* said once per kind: the driver shows it where nothing connected */
+				if (rc != last_connect_rc)
+					printf("CONNECT %s: %s\n", host, tfab_strerror(rc));
+				last_connect_rc = rc;
 				continue;
+			}
 			c.live = true;
 			c.step = 1;
 			totals.connections++;
@@ -453,23 +483,23 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	bound_ms = env_ms("TFAB_OP_TIMEOUT_MS", 60000) + env_ms("TFAB_HEARTBEAT_MS", 1000) +
 		   env_ms("TFAB_TEST_SLACK_MS", 1000);
-	if (argc == 4 && strcmp(argv[1], "hub") == 0) {
+	if (argc == 3 && strcmp(argv[1], "hub") == 0) {
 		rc = tfab_context_create(&ctx);
 		if (rc) {
 			fprintf(stderr, "hub: context: %s\n", tfab_strerror(rc));
 			return 1;
 		}
-		rc = run_hub(ctx, (uint16_t)atoi(argv[2]), strtoull(argv[3], NULL, 10));
-	} else if (argc == 6 && strcmp(argv[1], "spoke") == 0) {
+		rc = run_hub(ctx, (uint16_t)atoi(argv[2]));
+	} else if (argc == 5 && strcmp(argv[1], "spoke") == 0) {
 		rc = tfab_context_create(&ctx);
 		if (rc) {
 			fprintf(stderr, "spoke: context: %s\n", tfab_strerror(rc));
 			return 1;
 		}
-		rc = run_spoke(ctx, argv[2], (uint16_t)atoi(argv[3]), strtoull(argv[4], NULL, 10),
-			       strtoull(argv[5], NULL, 10) & ~(size_t)7);
+		rc = run_spoke(ctx, argv[2], (uint16_t)atoi(argv[3]),
+			       strtoull(argv[4], NULL, 10) & ~(size_t)7);
 	} else {
-		fprintf(stderr, "usage: %s hub PORT END_MS | spoke HOST PORT END_MS BYTES\n",
+		fprintf(stderr, "usage: %s hub PORT | spoke HOST PORT BYTES (END_MS on stdin)\n",
 			argv[0]);
 		return 2;
 	}

@@ -2,12 +2,16 @@
 """The fault suite (issue 12; doc/faults.md): test hosts made of network namespaces joined by a
 bridge, and faults between them, while fault_rank processes trade tensors.
 
-    faults.py FAULT_RANK [CASE ...]
+    faults.py FAULT_RANK [CASE[:PATH] ...]
 
 Hosts h0 (the hub), h1 and h2 (spokes) each have one interface, eth0, on a bridge in a switch
 namespace; the faults are nftables rules in the switch on h1's port (so neither end's own
-stack sees them: a drop there is loss, not an error), or signals to h1's process. h2 is the
-survivor: whatever happens to h1, its transfers must go on.
+stack sees them: a drop there is loss, not an error), netem queues on both ends of h1's link
+(delay, reordering, duplication), or signals to h1's process. h2 is the survivor: whatever
+happens to h1, its transfers must go on.
+
+Without CASE, every case on every path this machine has; a path it lacks (netem, an RDMA
+device) is named with its reason. A CASE or CASE:PATH named on the command line must run here.
 
 Each case asserts: every transfer completed with its data intact or failed with a named status;
 no failure took longer to surface than TFAB_OP_TIMEOUT_MS plus TFAB_HEARTBEAT_MS (plus the
@@ -16,10 +20,12 @@ no process, namespace or shared-memory object is left behind. It prints, per cas
 completed, failed (by status), and the longest time a failure took to surface.
 
 Needs root and iproute2 with nftables; where namespaces cannot be made it exits 77 and says why.
-Delay, reordering and duplication need netem, which this kernel lacks: not here (doc/faults.md).
+The netem cases need sch_netem, which this host's kernel lacks, and the verbs paths an RDMA
+device: both run in the verbs suite's VM (test faults-vm, doc/faults.md).
 """
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -27,8 +33,9 @@ import time
 
 DEADLINE_MS = 3000
 HEARTBEAT_MS = 500
-# Scheduling on a loaded two-core machine, the 50 ms liveness period, the coarse clock.
-SLACK_MS = 700
+# Scheduling on a loaded two-core machine, the 50 ms liveness period, the coarse clock; more
+# in the verbs suite's VM, whose CPUs are emulated (TFAB_FAULTS_SLACK_MS).
+SLACK_MS = int(os.environ.get("TFAB_FAULTS_SLACK_MS", "700"))
 BOUND_MS = DEADLINE_MS + HEARTBEAT_MS + SLACK_MS
 PORT = 17321
 TAG = "tf%d" % os.getpid()
@@ -36,13 +43,27 @@ NS = {h: "%s-%s" % (TAG, h) for h in ("sw", "h0", "h1", "h2")}
 ADDR = {"h0": "10.77.0.1", "h1": "10.77.0.2", "h2": "10.77.0.3"}
 MIB = 1 << 20
 
+NET = ["ofi:tcp", "ofi:sockets"]
+# Paths whose processes run on this host outside the namespaces. Shared memory needs both ends
+# on one host (each `ip netns exec` makes a mount namespace of its own, which tfab counts as
+# another host); verbs needs the RDMA device, which stays in the first namespace.
+LOCAL = ("shm", "verbs", "ofi:verbs")
+# The verbs suite's VM names its soft-RoCE device's address (rxe0 on dummy0) here.
+RDMA_ADDR = os.environ.get("TFAB_FAULTS_RDMA_ADDR", "")
+
 # name: (paths, h1's tensor bytes, run seconds, fault, fault start s, fault length s)
 CASES = {
-    "loss-1pct": (["ofi:tcp", "ofi:sockets"], MIB, 6, ("loss", 1), 0.5, 5),
-    "loss-10pct": (["ofi:tcp", "ofi:sockets"], MIB, 8, ("loss", 10), 0.5, 7),
-    "partition": (["ofi:tcp", "ofi:sockets"], MIB, 14, ("drop", 100), 2, 6),
-    "kill": (["shm", "ofi:tcp", "ofi:sockets"], 256 * MIB, 8, ("signal", "KILL"), 2.5, 0),
-    "stop": (["shm", "ofi:tcp", "ofi:sockets"], 256 * MIB, 12, ("signal", "STOP"), 2.5, 6),
+    "loss-1pct": (NET, MIB, 6, ("loss", 1), 0.5, 5),
+    "loss-10pct": (NET, MIB, 8, ("loss", 10), 0.5, 7),
+    "partition": (NET, MIB, 14, ("drop", 100), 2, 6),
+    "kill": (["shm"] + NET + ["verbs", "ofi:verbs"], 256 * MIB, 8, ("signal", "KILL"), 2.5, 0),
+    "stop": (["shm"] + NET + ["verbs", "ofi:verbs"], 256 * MIB, 12, ("signal", "STOP"), 2.5, 6),
+    # netem on both ends of h1's link: each direction delayed (with jitter, which reorders),
+    # reordered, or duplicated
+    "delay-5ms": (NET, MIB, 5, ("netem", "delay 5ms"), 0.5, 4),
+    "delay-50ms": (NET, MIB, 6, ("netem", "delay 50ms 10ms"), 0.5, 5),
+    "reorder": (NET, MIB, 5, ("netem", "delay 10ms reorder 25% 50%"), 0.5, 4),
+    "duplicate": (NET, MIB, 5, ("netem", "duplicate 10%"), 0.5, 4),
 }
 
 
@@ -86,9 +107,15 @@ def hosts_up():
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         sh("ip", "-n", ns, "addr", "add", ADDR[h] + "/24", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
-    nsexec(sw, "nft", "add table bridge faults")
-    nsexec(sw, "nft", "add chain bridge faults links "
+
+
+
+def nft_up():
+    global NFT
+    nsexec(NS["sw"], "nft", "add table bridge faults")
+    nsexec(NS["sw"], "nft", "add chain bridge faults links "
            "{ type filter hook forward priority 0 ; }")
+    NFT = True
 
 
 def hosts_down():
@@ -96,15 +123,54 @@ def hosts_down():
         sh("ip", "netns", "del", ns, check=False)
 
 
-def fault_on(kind, amount):
-    """h1's port on the switch drops amount % of what enters or leaves it."""
+NFT = False  # whether the switch has its nftables chain (hosts_up, when a case needs it)
+
+
+def netem_links():
+    """Both ends of h1's link, each queue on its way out: to h1 on the switch, from h1."""
+    return [(NS["sw"], "p-h1"), (NS["h1"], "eth0")]
+
+
+def fault_on(kind, arg):
+    """loss, drop: h1's port on the switch drops arg % of what enters or leaves it; netem:
+    both ends of h1's link queue what they send through netem with arg."""
+    if kind == "netem":
+        for ns, dev in netem_links():
+            nsexec(ns, "tc", "qdisc", "add", "dev", dev, "root", "netem", *arg.split())
+        return
     for d in ("iifname", "oifname"):
-        chance = "numgen random mod 100 < %d " % amount if amount < 100 else ""
+        chance = "numgen random mod 100 < %d " % arg if arg < 100 else ""
         nsexec(NS["sw"], "nft", "add rule bridge faults links %s p-h1 %sdrop" % (d, chance))
 
 
 def fault_off():
-    nsexec(NS["sw"], "nft", "flush chain bridge faults links")
+    if NFT:
+        nsexec(NS["sw"], "nft", "flush chain bridge faults links")
+    for ns, dev in netem_links():
+        nsexec(ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+
+
+def lacks(name, path):
+    """Why this machine cannot run a case on a path, or None."""
+    if CASES[name][3][0] == "netem" and not NETEM:
+        return "no netem here (%s); it runs in the verbs suite's VM" % NETEM_WHY
+    if path in ("verbs", "ofi:verbs") and not RDMA_ADDR:
+        return "no RDMA device here (TFAB_FAULTS_RDMA_ADDR); it runs in the verbs suite's VM"
+    return None
+
+
+NETEM, NETEM_WHY = False, ""
+
+
+def netem_probe():
+    """Whether netem queues can be made here (hosts_up first)."""
+    global NETEM, NETEM_WHY
+    r = nsexec(NS["sw"], "tc", "qdisc", "add", "dev", "p-h1", "root", "netem", "delay", "1ms",
+               check=False)
+    NETEM = r.returncode == 0
+    NETEM_WHY = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "tc failed"
+    if NETEM:
+        nsexec(NS["sw"], "tc", "qdisc", "del", "dev", "p-h1", "root")
 
 
 # The pids of the ranks this run started: libfabric's shm names its files "<pid>:...", and
@@ -129,15 +195,16 @@ def start(rank, host, path, args, env_extra=None):
     env.update({"TFAB_PROVIDER": path, "TFAB_OP_TIMEOUT_MS": str(DEADLINE_MS),
                 "TFAB_HEARTBEAT_MS": str(HEARTBEAT_MS), "TFAB_TEST_SLACK_MS": str(SLACK_MS),
                 "TFAB_LOG_LEVEL": "warn"})
-    if path.startswith("ofi:"):
+    if path == "ofi:verbs":
+        # verbs;ofi_rxm: as the verbs suite runs it (doc/verbs-vm.md)
+        env.update({"FI_PROVIDER": "verbs", "FI_UNIVERSE_SIZE": "64"})
+    elif path.startswith("ofi:"):
         env.update({"FI_PROVIDER": path[4:], "TFAB_OFI_DOMAIN": "eth0"})
     cmd = [rank] + [str(a) for a in args]
-    # The shared-memory path needs both ends on one host: this one, outside the namespaces
-    # (each `ip netns exec` has a mount namespace of its own, which tfab counts as a host).
-    if path != "shm":
+    if path not in LOCAL:
         cmd = ["ip", "netns", "exec", NS[host]] + cmd
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     STARTED.add(str(proc.pid))  # `ip netns exec` execs the rank: the same pid
     return proc
 
@@ -158,21 +225,53 @@ def parse(out):
     return fails, summary
 
 
+# How long the ranks may take to start (a VM under emulation takes seconds).
+READY_S = 120
+
+
+def wait_ready(procs, early):
+    """Reads each rank's output (unbuffered) to its READY line; what else it printed meanwhile
+    goes to early[h]. Returns the ranks not ready in time."""
+    deadline = time.time() + READY_S
+    late = []
+    for h, p in procs.items():
+        data, fd = b"", p.stdout.fileno()
+        while b"READY\n" not in data:
+            ready, _, _ = select.select([fd], [], [], max(0, deadline - time.time()))
+            chunk = os.read(fd, 65536) if ready else b""
+            if not chunk:
+                late.append(h)
+                break
+            data += chunk
+        early[h] = data.replace(b"READY\n", b"", 1).decode(errors="replace")
+    return late
+
+
 def run_case(rank, name, path):
     paths, h1_bytes, secs, fault, at, length = CASES[name]
-    t0 = int(time.time() * 1000)
-    end_ms = t0 + int(secs * 1000)
     hub_host = "h0"
-    hub_addr = "127.0.0.1" if path == "shm" else ADDR[hub_host]
-    procs = {"h0": start(rank, "h0", path, ["hub", PORT, end_ms])}
-    time.sleep(0.3)
-    procs["h1"] = start(rank, "h1", path, ["spoke", hub_addr, PORT, end_ms, h1_bytes])
-    procs["h2"] = start(rank, "h2", path, ["spoke", hub_addr, PORT, end_ms, MIB])
-    problems, notes = [], []
+    hub_addr = {"shm": "127.0.0.1", "verbs": RDMA_ADDR, "ofi:verbs": RDMA_ADDR}.get(
+        path, ADDR[hub_host])
+    procs = {"h0": start(rank, "h0", path, ["hub", PORT])}
+    procs["h1"] = start(rank, "h1", path, ["spoke", hub_addr, PORT, h1_bytes])
+    procs["h2"] = start(rank, "h2", path, ["spoke", hub_addr, PORT, MIB])
+    problems, notes, early = [], [], {}
+    # The case's clock starts once every rank is up: each is told when it ends.
+    late = wait_ready(procs, early)
+    if late:
+        problems.append("not ready within %d s: %s" % (READY_S, ", ".join(late)))
+    end_ms = int(time.time() * 1000) + int(secs * 1000)
+    for p in procs.values():
+        try:
+            p.stdin.write("%d\n" % end_ms)
+            p.stdin.close()
+        except OSError:
+            pass  # it ended already: judged by its output
+        p.stdin = None  # closed: communicate() below only reads
     time.sleep(at)
     fault_ms = int(time.time() * 1000)
     kind = fault[0]
-    if kind in ("loss", "drop"):
+    if kind in ("loss", "drop", "netem"):
         fault_on(kind, fault[1])
         time.sleep(length)
         fault_off()
@@ -192,7 +291,7 @@ def run_case(rank, name, path):
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
             problems.append("%s hung: killed after the end" % h)
-        outs[h] = out
+        outs[h] = early[h] + out
     completed = failed = 0
     by_status = {}
     longest = 0
@@ -246,8 +345,6 @@ def run_case(rank, name, path):
             if took > BOUND_MS:
                 problems.append("%s: a failure surfaced %d ms after its fault (bound %d): %s"
                                 % (h, took, BOUND_MS, f))
-    if kind == "loss" or kind == "drop":
-        pass
     if survivor_ok < 2:
         problems.append("the survivor (h2) completed only %d transfers" % survivor_ok)
     if kind == "drop":
@@ -270,7 +367,17 @@ def main():
         print(__doc__)
         return 2
     rank = os.path.abspath(sys.argv[1])
-    names = sys.argv[2:] or list(CASES)
+    # (case, path, named): a named one must run; of the rest, what this machine lacks is said
+    runs = []
+    for arg in sys.argv[2:]:
+        name, _, path = arg.partition(":")
+        if name not in CASES or (path and path not in CASES[name][0]):
+            print("unknown case or path: %s (cases: %s)" % (arg, ", ".join(
+                "%s:%s" % (n, "|".join(c[0])) for n, c in CASES.items())))
+            return 2
+        runs += [(name, p, True) for p in ([path] if path else CASES[name][0])]
+    if not runs:
+        runs = [(n, p, False) for n, c in CASES.items() for p in c[0]]
     if os.geteuid() != 0:
         skip("the fault suite makes network namespaces: it needs root")
     for tool in ("ip", "nft"):
@@ -288,10 +395,17 @@ def main():
              % (" ".join(e.cmd), e.stdout.strip()))
     ok = True
     try:
-        for name in names:
-            for path in CASES[name][0]:
-                ok &= run_case(rank, name, path)
-                fault_off()
+        if any(CASES[n][3][0] in ("loss", "drop") for n, _, _ in runs):
+            nft_up()
+        netem_probe()
+        for name, path, named in runs:
+            why = lacks(name, path)
+            if why:
+                print("case %-10s %-11s not run: %s" % (name, path, why))
+                ok &= not named
+                continue
+            ok &= run_case(rank, name, path)
+            fault_off()
     finally:
         hosts_down()
     left = sorted(n for n in shm_objects() - shm_before if ours(n))

@@ -52,7 +52,9 @@ FAILED_PREPARE_TTL_S = 600
 POWEROFF_GRACE_S = 15
 # Modules to load in the guest, with their dependencies in front of each; crc32_generic first,
 # as rdma_rxe needs it and nothing declares it.
-MODULES = ["crc32_generic", "rdma_rxe", "rdma_ucm", "dummy", "virtio_pci", "9pnet_virtio", "9p"]
+MODULES = ["crc32_generic", "rdma_rxe", "rdma_ucm", "dummy", "virtio_pci", "9pnet_virtio", "9p",
+           # the fault suite's hosts (veth pairs on a bridge) and its netem cases
+           "veth", "bridge", "sch_netem"]
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host variables passed on to the guest when set (meson sets MALLOC_PERTURB_).
 PASSED_ENV = ["MALLOC_PERTURB_"]
