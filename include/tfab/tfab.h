@@ -12,6 +12,7 @@
 #include <tfab/engine.h>
 #include <tfab/strings.h>
 #include <tfab/tensorproto.h>
+#include <tfab/world.h>
 
 #ifdef __cplusplus
 extern "C" {

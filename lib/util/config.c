@@ -193,6 +193,26 @@ static const struct tfab_config_entry table[] = {
      "TFAB_OP_TIMEOUT_MS (at least three heartbeats) fails with TFAB_ERR_TIMEOUT: a stopped "
      "process or a cut link. 0 sends none",
      FIELD(heartbeat_ms), &parser_uint, 0, 3600000},
+    {"TFAB_RANK", "", "This process's rank in its world (doc/world.md), as torchrun's RANK",
+     FIELD(rank), &parser_string, 0, 0},
+    {"TFAB_WORLD_SIZE", "", "The number of ranks in the world, as torchrun's WORLD_SIZE",
+     FIELD(world_size), &parser_string, 0, 0},
+    {"TFAB_MASTER_ADDR", "",
+     "Where rank 0 listens for the other ranks when a world is joined (its host name or "
+     "address), as torchrun's MASTER_ADDR",
+     FIELD(master_addr), &parser_string, 0, 0},
+    {"TFAB_MASTER_PORT", "29500", "The port rank 0 listens on when a world is joined",
+     FIELD(master_port), &parser_uint, 1, 65535},
+    {"TFAB_WORLD_NAME", "", "This rank's name in its world, such as /job:worker/task:3",
+     FIELD(world_name), &parser_string, 0, 0},
+    {"TFAB_WORLD_HOST", "",
+     "The address the other ranks reach this one at; empty: the address rank 0 saw it come "
+     "from",
+     FIELD(world_host), &parser_string, 0, 0},
+    {"TFAB_WORLD_TIMEOUT_MS", "60000",
+     "How long joining a world waits for every rank; a rank that does not arrive fails the "
+     "join with TFAB_ERR_TIMEOUT, and the log names it",
+     FIELD(world_timeout_ms), &parser_uint, 1, 86400000},
     {"TFAB_OFI_DOMAIN", "",
      "libfabric domain (interface) to open, such as lo or eth0 (shm has none); empty takes "
      "libfabric's first",

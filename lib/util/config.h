@@ -16,6 +16,14 @@ struct tfab_config {
 	unsigned connect_timeout_ms; /* TFAB_CONNECT_TIMEOUT_MS */
 	unsigned op_timeout_ms;	     /* TFAB_OP_TIMEOUT_MS, 0 for none */
 	unsigned heartbeat_ms;	     /* TFAB_HEARTBEAT_MS, 0 for none */
+	/* A world (world.c): a torchrun-style environment, "" where unset */
+	char rank[16];		     /* TFAB_RANK */
+	char world_size[16];	     /* TFAB_WORLD_SIZE */
+	char master_addr[256];	     /* TFAB_MASTER_ADDR */
+	unsigned master_port;	     /* TFAB_MASTER_PORT */
+	char world_name[256];	     /* TFAB_WORLD_NAME */
+	char world_host[256];	     /* TFAB_WORLD_HOST */
+	unsigned world_timeout_ms;   /* TFAB_WORLD_TIMEOUT_MS */
 	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */

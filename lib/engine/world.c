@@ -1,0 +1,547 @@
+/*
+ * A world (doc/world.md): N ranks meet, then every pair connects through the TCP bootstrap.
+ *
+ * Meeting: each rank has a record (its rank, the world's size, the port its context listens
+ * on, the address the others reach it at, its name). Rank 0 collects them over TCP (a
+ * torchrun-style environment) and answers each rank with all of them, or with why not; or the
+ * application's allgather moves them. Connecting: rank i connects to every rank below it (a
+ * rank accepts only once it has connected to those below it, so nothing waits in a circle),
+ * and says who it is in a one-int32 tensor on the new peer; then each rank takes the hellos of
+ * the ranks it accepted, which tells it which peer is which.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tfab/status.h>
+#include <tfab/world.h>
+
+#include "engine/engine.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/time.h"
+
+#define SUBSYS "world"
+
+/* A rank's record on the wire: magic, version, rank, size, port, host and name (NUL-padded). */
+#define REC_MAGIC 0x54465752u /* "TFWR" */
+#define REC_VERSION 1
+#define REC_HOST 256
+#define REC_NAME (TFAB_WORLD_NAME_MAX + 1)
+#define REC_LEN (4 + 2 + 4 + 4 + 2 + REC_HOST + REC_NAME)
+/* Rank 0's answer: 'T' and every record in rank order, or 'E', a status and why. */
+#define ANSWER_TABLE 'T'
+#define ANSWER_ERROR 'E'
+#define ANSWER_WHY 512
+
+static const char HELLO_KEY[] = "tfab.world.hello";
+
+struct rank_rec {
+	uint32_t rank, size;
+	uint16_t port;
+	char host[REC_HOST];
+	char name[REC_NAME];
+};
+
+struct tfab_world {
+	struct tfab_context *ctx;
+	int rank, size;
+	struct rank_rec *recs;
+	struct tfab_peer **peers;
+	int32_t hello; /* the tensor this rank says hello with */
+};
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	v = htonl(v);
+	memcpy(p, &v, 4);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return ntohl(v);
+}
+
+static void rec_pack(const struct rank_rec *r, uint8_t *out)
+{
+	uint16_t v;
+
+	memset(out, 0, REC_LEN);
+	put32(out, REC_MAGIC);
+	v = htons(REC_VERSION);
+	memcpy(out + 4, &v, 2);
+	put32(out + 6, r->rank);
+	put32(out + 10, r->size);
+	v = htons(r->port);
+	memcpy(out + 14, &v, 2);
+	memcpy(out + 16, r->host, strnlen(r->host, REC_HOST - 1));
+	memcpy(out + 16 + REC_HOST, r->name, strnlen(r->name, REC_NAME - 1));
+}
+
+/* 0, or -TFAB_ERR_PROTOCOL for what is no record of ours. */
+static int rec_unpack(const uint8_t *in, struct rank_rec *r)
+{
+	uint16_t v;
+
+	memcpy(&v, in + 4, 2);
+	if (get32(in) != REC_MAGIC || ntohs(v) != REC_VERSION || in[16 + REC_HOST - 1] ||
+	    in[16 + REC_HOST + REC_NAME - 1])
+		return -TFAB_ERR_PROTOCOL;
+	r->rank = get32(in + 6);
+	r->size = get32(in + 10);
+	memcpy(&v, in + 14, 2);
+	r->port = ntohs(v);
+	memcpy(r->host, in + 16, REC_HOST);
+	memcpy(r->name, in + 16 + REC_HOST, REC_NAME);
+	return 0;
+}
+
+static int remaining_ms(uint64_t deadline)
+{
+	uint64_t now = tfab__now_ms();
+
+	if (now >= deadline)
+		return 0;
+	return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+}
+
+/* A whole decimal number in [lo, hi] from text; -1 where there is none. */
+static int parse_int(const char *text, int lo, int hi)
+{
+	char *end;
+	long v;
+
+	if (!text || !*text)
+		return -1;
+	errno = 0;
+	v = strtol(text, &end, 10);
+	if (errno || *end || v < lo || v > hi)
+		return -1;
+	return (int)v;
+}
+
+/* Rank 0's answer of an error to a rank: its status, and why. */
+static void answer_error(struct tfab_context *ctx, int fd, const struct tfab_auth *a, int status,
+			 const char *why, int timeout_ms)
+{
+	uint8_t msg[1 + 4 + ANSWER_WHY] = {ANSWER_ERROR};
+	size_t n = strnlen(why, ANSWER_WHY);
+
+	put32(msg + 1, (uint32_t)-status);
+	memcpy(msg + 5, why, n);
+	(void)tfab__auth_blob_send(ctx, fd, a, msg, (uint32_t)(5 + n), timeout_ms);
+}
+
+/* The ranks not in have[], as text: "2, 5, 7". */
+static void missing_text(const bool *have, int size, char *buf, size_t len)
+{
+	size_t used = 0;
+
+	buf[0] = 0;
+	for (int r = 0; r < size && used + 16 < len; r++) {
+		if (!have[r])
+			used +=
+			    (size_t)snprintf(buf + used, len - used, "%s%d", used ? ", " : "", r);
+	}
+}
+
+/* Rank 0: takes every rank's record, then answers each with all of them. */
+static int meet_as_root(struct tfab_world *w, uint64_t deadline)
+{
+	struct tfab_context *ctx = w->ctx;
+	int size = w->size, lfd, rc, arrived = 1;
+	int *fds = malloc((size_t)size * sizeof(*fds));
+	struct tfab_auth *auth = calloc((size_t)size, sizeof(*auth));
+	bool *have = calloc((size_t)size, sizeof(*have));
+	uint8_t *msg = malloc(1 + (size_t)size * REC_LEN);
+	char why[ANSWER_WHY];
+
+	rc = fds && auth && have && msg ? 0 : -ENOMEM;
+	if (rc == 0)
+		rc = tfab__sock_listen(NULL, (uint16_t)ctx->cfg.master_port, &lfd, NULL);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "rank 0 cannot listen on port %u for the world: %s",
+			   ctx->cfg.master_port, tfab_strerror(rc));
+		goto out_free;
+	}
+	for (int r = 0; r < size; r++)
+		fds[r] = -1;
+	have[0] = true;
+	while (arrived < size && remaining_ms(deadline) > 0) {
+		struct tfab_auth a;
+		struct rank_rec rec;
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		uint8_t buf[REC_LEN];
+		uint32_t len;
+		int fd;
+
+		int wait_ms;
+
+		if (tfab__sock_accept(lfd, remaining_ms(deadline), &fd))
+			continue;
+		/* A rank says who it is at once: one that stays silent holds up no one for long. */
+		wait_ms = remaining_ms(deadline);
+		if (wait_ms > (int)ctx->cfg.connect_timeout_ms)
+			wait_ms = (int)ctx->cfg.connect_timeout_ms;
+		rc = tfab__auth_handshake(ctx, fd, true, wait_ms, &a);
+		if (rc == 0)
+			rc = tfab__auth_blob_recv(ctx, fd, &a, buf, sizeof(buf), &len, wait_ms);
+		if (rc == 0 && (len != REC_LEN || rec_unpack(buf, &rec)))
+			rc = -TFAB_ERR_PROTOCOL;
+		if (rc) {
+			TFAB_WARN(SUBSYS, "rank 0: a connection that is no rank of the world: %s",
+				  tfab_strerror(rc));
+			close(fd);
+			continue;
+		}
+		why[0] = 0;
+		if (rec.size != (uint32_t)size)
+			snprintf(why, sizeof(why),
+				 "rank %u says the world has %u ranks; rank 0 says %d", rec.rank,
+				 rec.size, size);
+		else if (rec.rank == 0 || rec.rank >= (uint32_t)size)
+			snprintf(why, sizeof(why), "rank %u is not a rank of a world of %d",
+				 rec.rank, size);
+		else if (have[rec.rank])
+			snprintf(why, sizeof(why), "rank %u arrived twice", rec.rank);
+		if (why[0]) {
+			TFAB_ERROR(SUBSYS, "rank 0 refuses a rank: %s", why);
+			answer_error(ctx, fd, &a, -TFAB_ERR_PROTOCOL, why, remaining_ms(deadline));
+			close(fd);
+			continue;
+		}
+		if (!rec.host[0] && getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+			void *addr = ss.ss_family == AF_INET6
+					 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+					 : (void *)&((struct sockaddr_in *)&ss)->sin_addr;
+
+			inet_ntop(ss.ss_family, addr, rec.host, sizeof(rec.host));
+		}
+		w->recs[rec.rank] = rec;
+		fds[rec.rank] = fd;
+		auth[rec.rank] = a;
+		have[rec.rank] = true;
+		arrived++;
+	}
+	close(lfd);
+	if (arrived < size) {
+		char missing[ANSWER_WHY - 64];
+
+		missing_text(have, size, missing, sizeof(missing));
+		snprintf(why, sizeof(why), "rank(s) %s of %d did not arrive within %u ms", missing,
+			 size, ctx->cfg.world_timeout_ms);
+		TFAB_ERROR(SUBSYS, "rank 0: %s", why);
+		rc = -TFAB_ERR_TIMEOUT;
+	} else {
+		msg[0] = ANSWER_TABLE;
+		for (int r = 0; r < size; r++)
+			rec_pack(&w->recs[r], msg + 1 + (size_t)r * REC_LEN);
+	}
+	for (int r = 1; r < size; r++) {
+		if (fds[r] < 0)
+			continue;
+		if (rc)
+			answer_error(ctx, fds[r], &auth[r], rc, why, 1000);
+		else if (tfab__auth_blob_send(ctx, fds[r], &auth[r], msg,
+					      (uint32_t)(1 + (size_t)size * REC_LEN),
+					      remaining_ms(deadline) + 1000))
+			TFAB_WARN(SUBSYS, "rank 0: rank %d did not take the world's table", r);
+		close(fds[r]);
+	}
+out_free:
+	free(fds);
+	free(auth);
+	free(have);
+	free(msg);
+	return rc;
+}
+
+/* Rank 1 and up: its record to rank 0, and every rank's back. */
+static int meet_through_root(struct tfab_world *w, const uint8_t *mine, uint64_t deadline)
+{
+	struct tfab_context *ctx = w->ctx;
+	size_t cap = 1 + (size_t)w->size * REC_LEN + 4 + ANSWER_WHY;
+	uint8_t *msg = malloc(cap);
+	struct tfab_auth a;
+	uint32_t len = 0;
+	int fd = -1, rc;
+
+	if (!msg)
+		return -ENOMEM;
+	rc = tfab__sock_connect(ctx->cfg.master_addr, (uint16_t)ctx->cfg.master_port,
+				remaining_ms(deadline), &fd);
+	if (rc == 0)
+		rc = tfab__auth_handshake(ctx, fd, false, remaining_ms(deadline), &a);
+	if (rc == 0)
+		rc = tfab__auth_blob_send(ctx, fd, &a, mine, REC_LEN, remaining_ms(deadline));
+	/* Rank 0 answers when all have come, or when it gave up waiting: a little after us. */
+	if (rc == 0)
+		rc = tfab__auth_blob_recv(ctx, fd, &a, msg, (uint32_t)cap, &len,
+					  remaining_ms(deadline) + 2000);
+	if (fd >= 0)
+		close(fd);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "rank %d: no answer from rank 0 at %s:%u: %s", w->rank,
+			   ctx->cfg.master_addr, ctx->cfg.master_port, tfab_strerror(rc));
+		rc = rc == -ETIMEDOUT || rc == -ECONNREFUSED ? -TFAB_ERR_TIMEOUT : rc;
+	} else if (len >= 5 && msg[0] == ANSWER_ERROR) {
+		rc = -(int)get32(msg + 1);
+		TFAB_ERROR(SUBSYS, "rank %d: rank 0 says: %.*s", w->rank, (int)(len - 5),
+			   (const char *)msg + 5);
+		if (rc >= 0 || rc <= -TFAB_ERR_LAST)
+			rc = -TFAB_ERR_PROTOCOL;
+	} else if (len != 1 + (size_t)w->size * REC_LEN || msg[0] != ANSWER_TABLE) {
+		rc = -TFAB_ERR_PROTOCOL;
+	} else {
+		for (int r = 0; r < w->size && rc == 0; r++)
+			rc = rec_unpack(msg + 1 + (size_t)r * REC_LEN, &w->recs[r]);
+	}
+	free(msg);
+	return rc;
+}
+
+/* The application's allgather moves the records. */
+static int meet_by_allgather(struct tfab_world *w, const struct tfab_world_args *args,
+			     const uint8_t *mine)
+{
+	uint8_t *all = malloc((size_t)w->size * REC_LEN);
+	int rc;
+
+	if (!all)
+		return -ENOMEM;
+	rc = args->allgather(mine, all, REC_LEN, args->allgather_arg);
+	if (rc > 0)
+		rc = -TFAB_ERR_PROTOCOL;
+	for (int r = 0; r < w->size && rc == 0; r++) {
+		rc = rec_unpack(all + (size_t)r * REC_LEN, &w->recs[r]);
+		if (rc == 0 &&
+		    (w->recs[r].rank != (uint32_t)r || w->recs[r].size != (uint32_t)w->size)) {
+			TFAB_ERROR(SUBSYS, "rank %d: the allgather's entry %d says rank %u of %u",
+				   w->rank, r, w->recs[r].rank, w->recs[r].size);
+			rc = -TFAB_ERR_PROTOCOL;
+		}
+	}
+	free(all);
+	return rc;
+}
+
+/*
+ * Nothing to record: a hello that fails fails its peer, which the join checks after its flush.
+ * (A callback that wrote into the world could run after a failed join has freed it.)
+ */
+static void on_hello_sent(void *arg, int status)
+{
+	(void)arg;
+	(void)status;
+}
+
+/* Every pair connected; each accepted peer named by its hello. */
+static int connect_all(struct tfab_world *w, uint64_t deadline)
+{
+	struct tfab_context *ctx = w->ctx;
+	int64_t one = 1;
+	DLTensor hello = {.data = &w->hello,
+			  .device = {kDLCPU, 0},
+			  .ndim = 1,
+			  .dtype = {kDLInt, 32, 1},
+			  .shape = &one};
+	int n_accept = w->size - 1 - w->rank, rc = 0;
+	struct tfab_peer **accepted =
+	    calloc((size_t)(n_accept > 0 ? n_accept : 1), sizeof(*accepted));
+
+	if (!accepted)
+		return -ENOMEM;
+	w->hello = w->rank;
+	for (int j = 0; j < w->rank && rc == 0; j++) {
+		rc = tfab_connect(ctx, w->recs[j].host, w->recs[j].port, remaining_ms(deadline),
+				  &w->peers[j]);
+		if (rc == 0)
+			rc = tfab_send_to(ctx, w->peers[j], HELLO_KEY, 0, &hello, false,
+					  on_hello_sent, NULL);
+		if (rc)
+			TFAB_ERROR(SUBSYS, "rank %d: cannot connect to rank %d at %s:%u: %s",
+				   w->rank, j, w->recs[j].host, w->recs[j].port, tfab_strerror(rc));
+	}
+	for (int k = 0; k < n_accept && rc == 0; k++) {
+		rc = tfab_accept(ctx, remaining_ms(deadline), &accepted[k]);
+		if (rc)
+			TFAB_ERROR(SUBSYS, "rank %d: %d of the %d ranks above it connected: %s",
+				   w->rank, k, n_accept, tfab_strerror(rc));
+	}
+	for (int k = 0; k < n_accept && rc == 0; k++) {
+		DLManagedTensor *t = NULL;
+		int r = -1;
+
+		rc = tfab_recv_sync(ctx, accepted[k], HELLO_KEY, 0, NULL, remaining_ms(deadline),
+				    &t, NULL);
+		if (rc == 0 && t && t->dl_tensor.ndim == 1 && t->dl_tensor.shape[0] == 1 &&
+		    t->dl_tensor.dtype.code == kDLInt && t->dl_tensor.dtype.bits == 32)
+			r = *(int32_t *)t->dl_tensor.data;
+		if (t)
+			t->deleter(t);
+		if (rc == 0 && (r <= w->rank || r >= w->size || w->peers[r])) {
+			TFAB_ERROR(SUBSYS, "rank %d: a peer said it is rank %d", w->rank, r);
+			rc = -TFAB_ERR_PROTOCOL;
+		}
+		if (rc == 0) {
+			w->peers[r] = accepted[k];
+			accepted[k] = NULL;
+		}
+	}
+	/* Our hellos taken: nothing of the join is left in flight. */
+	if (rc == 0)
+		rc = tfab_flush(ctx, remaining_ms(deadline));
+	for (int j = 0; j < w->rank && rc == 0; j++)
+		rc = tfab_peer_status(w->peers[j]);
+	for (int k = 0; k < n_accept; k++) {
+		if (accepted[k])
+			tfab_peer_destroy(accepted[k]);
+	}
+	free(accepted);
+	return rc == -ETIMEDOUT ? -TFAB_ERR_TIMEOUT : rc;
+}
+
+/* This rank's settings from args, else the context's (the environment). */
+static int settings(struct tfab_world *w, const struct tfab_world_args *args, struct rank_rec *me,
+		    int *timeout_ms)
+{
+	const struct tfab_config *cfg = &w->ctx->cfg;
+	const char *name = args && args->name ? args->name : cfg->world_name;
+	const char *host = args && args->host ? args->host : cfg->world_host;
+
+	w->size = args && args->size >= 0 ? args->size : parse_int(cfg->world_size, 1, 1 << 20);
+	w->rank = args && args->rank >= 0 ? args->rank : parse_int(cfg->rank, 0, 1 << 20);
+	*timeout_ms = args && args->timeout_ms >= 0 ? args->timeout_ms : (int)cfg->world_timeout_ms;
+	if (w->size < 1 || w->rank < 0 || w->rank >= w->size) {
+		TFAB_ERROR(SUBSYS,
+			   "no world to join: rank %d of %d (TFAB_RANK '%s', TFAB_WORLD_SIZE '%s')",
+			   w->rank, w->size, cfg->rank, cfg->world_size);
+		return -TFAB_ERR_CONFIG;
+	}
+	if (strlen(name) > TFAB_WORLD_NAME_MAX || strlen(host) >= REC_HOST) {
+		TFAB_ERROR(SUBSYS, "rank %d: its name or host is too long", w->rank);
+		return -TFAB_ERR_CONFIG;
+	}
+	if (!(args && args->allgather) && w->size > 1 && !cfg->master_addr[0]) {
+		TFAB_ERROR(SUBSYS, "rank %d: no TFAB_MASTER_ADDR, and no allgather", w->rank);
+		return -TFAB_ERR_CONFIG;
+	}
+	memset(me, 0, sizeof(*me));
+	me->rank = (uint32_t)w->rank;
+	me->size = (uint32_t)w->size;
+	snprintf(me->name, sizeof(me->name), "%s", name);
+	if (!me->name[0])
+		snprintf(me->name, sizeof(me->name), "rank %d", w->rank);
+	snprintf(me->host, sizeof(me->host), "%s", host);
+	/* Rank 0 is reached where it said it listens; with an allgather, at this host's name. */
+	if (!me->host[0] && w->rank == 0 && !(args && args->allgather))
+		snprintf(me->host, sizeof(me->host), "%s", cfg->master_addr);
+	if (!me->host[0] && args && args->allgather && gethostname(me->host, sizeof(me->host)))
+		return -errno;
+	return 0;
+}
+
+static void world_free(struct tfab_world *w)
+{
+	if (!w)
+		return;
+	for (int r = 0; w->peers && r < w->size; r++) {
+		if (w->peers[r])
+			tfab_peer_destroy(w->peers[r]);
+	}
+	free(w->peers);
+	free(w->recs);
+	free(w);
+}
+
+int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args,
+		    struct tfab_world **world_p)
+{
+	struct tfab_world *w;
+	struct rank_rec me;
+	uint8_t mine[REC_LEN];
+	int timeout_ms, rc;
+	uint64_t deadline;
+	uint16_t port = 0;
+
+	if (!ctx || !world_p)
+		return -EINVAL;
+	*world_p = NULL;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->ctx = ctx;
+	rc = settings(w, args, &me, &timeout_ms);
+	if (rc) {
+		free(w);
+		return rc;
+	}
+	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	w->recs = calloc((size_t)w->size, sizeof(*w->recs));
+	w->peers = calloc((size_t)w->size, sizeof(*w->peers));
+	if (!w->recs || !w->peers) {
+		world_free(w);
+		return -ENOMEM;
+	}
+	/* The port the ranks above this one connect to. */
+	rc = w->size > 1 ? tfab_listen(ctx, NULL, 0, &port) : 0;
+	me.port = port;
+	w->recs[w->rank] = me;
+	rec_pack(&me, mine);
+	if (rc == 0 && w->size > 1) {
+		if (args && args->allgather)
+			rc = meet_by_allgather(w, args, mine);
+		else if (w->rank == 0)
+			rc = meet_as_root(w, deadline);
+		else
+			rc = meet_through_root(w, mine, deadline);
+	}
+	if (rc == 0 && w->size > 1)
+		rc = connect_all(w, deadline);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "rank %d of %d did not join the world: %s", w->rank, w->size,
+			   tfab_strerror(rc));
+		world_free(w);
+		return rc;
+	}
+	TFAB_INFO(SUBSYS, "rank %d of %d (%s) joined the world", w->rank, w->size, me.name);
+	*world_p = w;
+	return 0;
+}
+
+int tfab_world_rank(const struct tfab_world *w)
+{
+	return w ? w->rank : -EINVAL;
+}
+
+int tfab_world_size(const struct tfab_world *w)
+{
+	return w ? w->size : -EINVAL;
+}
+
+const char *tfab_world_name(const struct tfab_world *w, int rank)
+{
+	return w && rank >= 0 && rank < w->size ? w->recs[rank].name : NULL;
+}
+
+struct tfab_peer *tfab_world_peer(struct tfab_world *w, int rank)
+{
+	return w && rank >= 0 && rank < w->size ? w->peers[rank] : NULL;
+}
+
+int tfab_world_leave(struct tfab_world *w)
+{
+	if (!w)
+		return -EINVAL;
+	world_free(w);
+	return 0;
+}

@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Joining a world (doc/world.md): ranks as processes of this host, from a torchrun-style
+environment, and ranks as threads of one process through an allgather of their own.
+
+    test_world.py WORLD_RANK
+
+Each case starts its ranks, bounds every wait, and checks what each rank printed
+(world_rank.c): the ranks that should join joined, knew every rank's name and traded a
+tensor with every other rank; the ones that should not failed with the named status, and
+the log says why. Every process started is gone at the end.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+RANK = None
+WAIT_S = 60
+BASE_PORT = 29600 + os.getpid() % 1000  # one per case below, apart from any other run's
+
+
+def start(rank, size, port, extra=None):
+    env = dict(os.environ)
+    env.update({"TFAB_RANK": str(rank), "TFAB_WORLD_SIZE": str(size),
+                "TFAB_MASTER_ADDR": "127.0.0.1", "TFAB_MASTER_PORT": str(port),
+                "TFAB_WORLD_NAME": "/job:worker/task:%d" % rank, "TFAB_LOG_LEVEL": "warn"})
+    env.update(extra or {})
+    return subprocess.Popen([RANK, "env"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(procs):
+    """Every process's (exit status, output); one still running at the bound is killed."""
+    end = time.time() + WAIT_S
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            out += "\n(killed: still running after %d s)" % WAIT_S
+        outs.append((p.returncode, out))
+    return outs
+
+
+class Failed(Exception):
+    pass
+
+
+def expect(cond, what, outs):
+    if not cond:
+        raise Failed(what + "\n" + "\n".join(
+            "--- process %d (exit %s):\n%s" % (i, rc, out.strip()) for i, (rc, out) in
+            enumerate(outs)))
+
+
+def joined_well(outs, size):
+    for rank, (rc, out) in enumerate(outs):
+        expect(rc == 0 and "OK" in out.splitlines(), "rank %d did not join and trade" % rank,
+               outs)
+        expect("JOINED rank=%d size=%d" % (rank, size) in out, "rank %d: wrong rank" % rank,
+               outs)
+        for r in range(size):
+            expect("NAME %d=/job:worker/task:%d" % (r, r) in out,
+                   "rank %d does not know rank %d's name" % (rank, r), outs)
+
+
+def case_four_ranks(port, provider):
+    """4 ranks join, in an order other than theirs, and trade a tensor pairwise."""
+    extra = {"TFAB_PROVIDER": provider} if provider else {}
+    procs = []
+    for rank in (2, 0, 3, 1):
+        procs.append((rank, start(rank, 4, port, extra)))
+        time.sleep(0.05)
+    procs.sort()
+    joined_well(finish([p for _, p in procs]), 4)
+
+
+def case_one_rank(port, _provider):
+    """A world of one: nothing to meet."""
+    joined_well(finish([start(0, 1, port)]), 1)
+
+
+def case_missing_rank(port, _provider):
+    """Rank 2 of 3 never comes: both others fail with TFAB_ERR_TIMEOUT, and say which."""
+    extra = {"TFAB_WORLD_TIMEOUT_MS": "1500"}
+    outs = finish([start(0, 3, port, extra), start(1, 3, port, extra)])
+    for rank, (rc, out) in enumerate(outs):
+        expect(rc == 3 and "JOIN_FAILED status=TFAB_ERR_TIMEOUT" in out,
+               "rank %d did not fail with TFAB_ERR_TIMEOUT" % rank, outs)
+    expect("rank(s) 2 of 3 did not arrive within 1500 ms" in outs[0][1],
+           "rank 0 does not name the missing rank", outs)
+    expect("rank 0 says: rank(s) 2 of 3 did not arrive" in outs[1][1],
+           "rank 1 does not say what rank 0 said", outs)
+
+
+def case_twice_and_wrong_size(port, _provider):
+    """Rank 1 comes twice, and a rank says the world is larger: both refused by name, with
+    TFAB_ERR_PROTOCOL; rank 0 then times out waiting for rank 2."""
+    extra = {"TFAB_WORLD_TIMEOUT_MS": "3000"}
+    first = start(1, 3, port, extra)
+    zero = start(0, 3, port, extra)
+    time.sleep(1.0)  # the first rank 1 is in
+    second = start(1, 3, port, extra)
+    wrong = start(2, 4, port, extra)
+    outs = finish([zero, first, second, wrong])
+    expect("JOIN_FAILED status=TFAB_ERR_TIMEOUT" in outs[0][1] and
+           "rank(s) 2 of 3 did not arrive" in outs[0][1], "rank 0 did not time out", outs)
+    expect("JOIN_FAILED status=TFAB_ERR_TIMEOUT" in outs[1][1],
+           "the first rank 1 did not hear of the timeout", outs)
+    expect("JOIN_FAILED status=TFAB_ERR_PROTOCOL" in outs[2][1] and
+           "rank 1 arrived twice" in outs[2][1], "the second rank 1 was not refused", outs)
+    expect("JOIN_FAILED status=TFAB_ERR_PROTOCOL" in outs[3][1] and
+           "rank 2 says the world has 4 ranks; rank 0 says 3" in outs[3][1],
+           "the rank of another size was not refused", outs)
+
+
+def case_strangers(port, _provider):
+    """Rank 0's port takes a stranger that sends junk and one that says nothing: each is
+    dropped with a warning (the silent one after TFAB_CONNECT_TIMEOUT_MS), and the world
+    still joins."""
+    extra = {"TFAB_CONNECT_TIMEOUT_MS": "1000"}
+    zero = start(0, 2, port, extra)
+    end = time.time() + 10
+    strangers = []
+    while len(strangers) < 2 and time.time() < end:
+        try:
+            strangers.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+        except OSError:
+            time.sleep(0.05)
+    if strangers:
+        strangers[0].sendall(b"\x00\x00\x02\x10" + b"GET / HTTP/1.0\r\n" * 40)
+    one = start(1, 2, port, extra)
+    outs = finish([zero, one])
+    for s in strangers:
+        s.close()
+    expect(len(strangers) == 2, "could not reach rank 0's port", outs)
+    joined_well(outs, 2)
+    expect(outs[0][1].count("a connection that is no rank of the world") == 2,
+           "rank 0 did not drop both strangers with a warning", outs)
+
+
+def case_no_world(port, _provider):
+    """No TFAB_WORLD_SIZE: TFAB_ERR_CONFIG, saying so."""
+    outs = finish([start(0, "", port)])
+    expect(outs[0][0] == 3 and "JOIN_FAILED status=TFAB_ERR_CONFIG" in outs[0][1] and
+           "no world to join" in outs[0][1], "joined without a size", outs)
+
+
+def case_threads_allgather(_port, provider):
+    """4 ranks as threads of one process, meeting through their own allgather."""
+    env = dict(os.environ, TFAB_LOG_LEVEL="warn")
+    if provider:
+        env["TFAB_PROVIDER"] = provider
+    p = subprocess.Popen([RANK, "threads", "4"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    outs = finish([p])
+    expect(outs[0][0] == 0 and outs[0][1].count("JOINED") == 4 and
+           "OK" in outs[0][1].splitlines(), "the threads did not join and trade", outs)
+    for r in range(4):
+        expect(outs[0][1].count("NAME %d=/job:worker/task:%d" % (r, r)) == 4,
+               "not every thread knows rank %d's name" % r, outs)
+
+
+CASES = [
+    (case_four_ranks, None),
+    (case_four_ranks, "ofi:tcp"),
+    (case_one_rank, None),
+    (case_missing_rank, None),
+    (case_twice_and_wrong_size, None),
+    (case_strangers, None),
+    (case_no_world, None),
+    (case_threads_allgather, None),
+]
+
+
+def main():
+    global RANK
+    RANK = os.path.abspath(sys.argv[1])
+    failed = 0
+    for i, (fn, provider) in enumerate(CASES):
+        name = fn.__name__[5:] + (" on " + provider if provider else "")
+        t0 = time.time()
+        try:
+            fn(BASE_PORT + i, provider)
+            print("ok %d - %s (%.1f s)" % (i + 1, name, time.time() - t0), flush=True)
+        except Failed as e:
+            failed += 1
+            print("not ok %d - %s: %s" % (i + 1, name, e), flush=True)
+    print("1..%d" % len(CASES))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
