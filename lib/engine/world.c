@@ -51,6 +51,7 @@ struct rank_rec {
 struct tfab_world {
 	struct tfab_context *ctx;
 	int rank, size;
+	int timeout_ms; /* the join's */
 	struct rank_rec *recs;
 	struct tfab_peer **peers;
 	int32_t hello; /* the tensor this rank says hello with */
@@ -182,9 +183,7 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 		socklen_t sl = sizeof(ss);
 		uint8_t buf[REC_LEN];
 		uint32_t len;
-		int fd;
-
-		int wait_ms;
+		int fd, wait_ms;
 
 		if (tfab__sock_accept(lfd, remaining_ms(deadline), &fd))
 			continue;
@@ -237,8 +236,8 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 		char missing[ANSWER_WHY - 64];
 
 		missing_text(have, size, missing, sizeof(missing));
-		snprintf(why, sizeof(why), "rank(s) %s of %d did not arrive within %u ms", missing,
-			 size, ctx->cfg.world_timeout_ms);
+		snprintf(why, sizeof(why), "rank(s) %s of %d did not arrive within %d ms", missing,
+			 size, w->timeout_ms);
 		TFAB_ERROR(SUBSYS, "rank 0: %s", why);
 		rc = -TFAB_ERR_TIMEOUT;
 	} else {
@@ -411,8 +410,7 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 }
 
 /* This rank's settings from args, else the context's (the environment). */
-static int settings(struct tfab_world *w, const struct tfab_world_args *args, struct rank_rec *me,
-		    int *timeout_ms)
+static int settings(struct tfab_world *w, const struct tfab_world_args *args, struct rank_rec *me)
 {
 	const struct tfab_config *cfg = &w->ctx->cfg;
 	const char *name = args && args->name ? args->name : cfg->world_name;
@@ -420,7 +418,8 @@ static int settings(struct tfab_world *w, const struct tfab_world_args *args, st
 
 	w->size = args && args->size >= 0 ? args->size : parse_int(cfg->world_size, 1, 1 << 20);
 	w->rank = args && args->rank >= 0 ? args->rank : parse_int(cfg->rank, 0, 1 << 20);
-	*timeout_ms = args && args->timeout_ms >= 0 ? args->timeout_ms : (int)cfg->world_timeout_ms;
+	w->timeout_ms =
+	    args && args->timeout_ms >= 0 ? args->timeout_ms : (int)cfg->world_timeout_ms;
 	if (w->size < 1 || w->rank < 0 || w->rank >= w->size) {
 		TFAB_ERROR(SUBSYS,
 			   "no world to join: rank %d of %d (TFAB_RANK '%s', TFAB_WORLD_SIZE '%s')",
@@ -469,8 +468,8 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 	struct tfab_world *w;
 	struct rank_rec me;
 	uint8_t mine[REC_LEN];
-	int timeout_ms, rc;
 	uint64_t deadline;
+	int rc;
 	uint16_t port = 0;
 
 	if (!ctx || !world_p)
@@ -480,12 +479,12 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 	if (!w)
 		return -ENOMEM;
 	w->ctx = ctx;
-	rc = settings(w, args, &me, &timeout_ms);
+	rc = settings(w, args, &me);
 	if (rc) {
 		free(w);
 		return rc;
 	}
-	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	deadline = tfab__now_ms() + (uint64_t)w->timeout_ms;
 	w->recs = calloc((size_t)w->size, sizeof(*w->recs));
 	w->peers = calloc((size_t)w->size, sizeof(*w->peers));
 	if (!w->recs || !w->peers) {
