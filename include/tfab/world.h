@@ -61,8 +61,83 @@ TFAB_EXPORT int tfab_world_size(const struct tfab_world *w);
 TFAB_EXPORT const char *tfab_world_name(const struct tfab_world *w, int rank);
 /* The peer that connects this rank to rank; NULL for this rank or one out of range. */
 TFAB_EXPORT struct tfab_peer *tfab_world_peer(struct tfab_world *w, int rank);
-/* Destroys the world's peers (their pending operations fail, -TFAB_ERR_ABORTED) and frees it. */
+/*
+ * Destroys the world's peers (their pending operations fail, -TFAB_ERR_ABORTED) and frees it;
+ * -EBUSY (nothing done) while a collective of the world has not called back.
+ */
 TFAB_EXPORT int tfab_world_leave(struct tfab_world *w);
+
+/*
+ * Collectives (doc/world.md). Each returns at once; cb(arg, status) runs from progress (any
+ * thread that drives it, as the engine's callbacks do) once the collective ended on this rank
+ * and none of its tensors is read or written by the library any more. Several may be in
+ * flight and complete out of order; every rank starts the same collectives in the same order,
+ * with the same dtype, count and options (the order numbers them). A rank that fails, dies or
+ * stops makes the collective fail on the others too: with its status where it can tell them,
+ * -TFAB_ERR_PEER_FAILED for a failure passed on by a neighbour, within TFAB_OP_TIMEOUT_MS at
+ * worst. Tensors are compact, on the CPU. A call that returns an error never calls cb.
+ */
+typedef void (*tfab_coll_cb)(void *arg, int status);
+
+enum tfab_op {
+	TFAB_OP_SUM,
+	TFAB_OP_AVG, /* the sum divided by the world's size (integers: toward zero) */
+	TFAB_OP_MIN,
+	TFAB_OP_MAX,
+};
+
+/* Compression of an fp32 allreduce's traffic (doc/world.md, "Compression"). */
+enum tfab_compress {
+	TFAB_COMPRESS_NONE,
+	TFAB_COMPRESS_FP16,
+	TFAB_COMPRESS_BF16,
+	TFAB_COMPRESS_INT8, /* int8 with one fp32 scale per 4096 values */
+};
+
+/* How an allreduce moves its data; AUTO chooses by size (TFAB_ALLREDUCE_SMALL). */
+enum tfab_coll_algo {
+	TFAB_ALGO_AUTO,
+	TFAB_ALGO_DIRECT, /* every rank sends all to every rank, each reduces in rank order */
+	TFAB_ALGO_RING,	  /* reduce-scatter, then allgather, around the ring of ranks */
+};
+
+struct tfab_coll_opts {
+	enum tfab_coll_algo algo;
+	enum tfab_compress compress;
+	/*
+	 * With compression: the name of the tensor, under which this rank keeps what rounding
+	 * lost and adds it to the tensor's next allreduce (error feedback); NULL: no feedback.
+	 */
+	const char *key;
+};
+
+/*
+ * out = in[rank 0] op in[rank 1] op ...: same dtype (fp32, fp64, fp16, bf16, int32, int64)
+ * and element count on every rank; in == out reduces in place. opts may be NULL.
+ */
+TFAB_EXPORT int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out,
+			       enum tfab_op op, const struct tfab_coll_opts *opts, tfab_coll_cb cb,
+			       void *arg);
+/* t of rank root to every rank's t (same dtype and size everywhere; any dtype). */
+TFAB_EXPORT int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb,
+			       void *arg);
+/* out = every rank's in, in rank order: out holds size times in's bytes (any dtype). */
+TFAB_EXPORT int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out,
+			       tfab_coll_cb cb, void *arg);
+/*
+ * out = part `rank` of the reduction of every rank's in, in holding size parts of out's
+ * element count each.
+ */
+TFAB_EXPORT int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
+				    enum tfab_op op, tfab_coll_cb cb, void *arg);
+/* Calls back once every rank has called it (an allreduce of one int32). */
+TFAB_EXPORT int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg);
+/*
+ * Drives progress (unless the progress thread does) until every collective of the world
+ * started before the call has called back: 0, or -ETIMEDOUT after timeout_ms (< 0: no
+ * bound). Not from a callback of the world's context (-EDEADLK).
+ */
+TFAB_EXPORT int tfab_world_wait(struct tfab_world *w, int timeout_ms);
 
 #ifdef __cplusplus
 }

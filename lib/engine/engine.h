@@ -518,7 +518,13 @@ int tfab__strings_landed(struct tfab_request *r, uint64_t *nbytes_p);
 /* recv.c */
 /* What a receive is: a DLPack one (into dest, or the pool) with cb, or a string tensor's. */
 struct tfab_recv_args {
-	DLTensor *dest;		  /* the caller's destination, or NULL for a pool tensor */
+	DLTensor *dest; /* the caller's destination, or NULL for a pool tensor */
+	/*
+	 * With dest NULL: the dtype and shape the pool tensor will have (its data unused), asked
+	 * for at once, with no META_DATA round trip where the key's meta-data is not cached
+	 * (the collectives, coll.c, whose keys serve tensors of every size).
+	 */
+	const DLTensor *like;
 	unsigned flags;		  /* TFAB_RECV_* */
 	bool strings;		  /* a string tensor's receive: scb, no dest */
 	tfab_recv_cb cb;	  /* NULL for a blocking receive */

@@ -941,6 +941,12 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 			rc = tfab__check_gpu(ctx, a->dest);
 		if (rc)
 			return rc;
+	} else if (a->like) {
+		/* like has no data: read as a dead tensor's, which needs none */
+		rc = tfab__meta_from_dltensor(a->like, true, &um, &data);
+		if (rc)
+			return rc;
+		um.is_dead = false;
 	}
 	if (ctx->abort_status)
 		return ctx->abort_status;
@@ -949,7 +955,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	e = tfab__peer_meta_find(peer, key, (uint16_t)key_len);
 	if (e && !tfab__list_empty(&e->ahead)) {
 		/* Only a receive into a library tensor takes what was posted ahead. */
-		r = ahead_find(peer, e, step, !a->dest && !a->strings);
+		r = ahead_find(peer, e, step, !a->dest && !a->like && !a->strings);
 		if (peer->failed)
 			return peer->failed;
 		if (r) {
@@ -978,7 +984,7 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		ctx->stats.meta_hits++;
 		r->meta = e->meta;
 		r->meta_valid = true;
-		if (!a->dest && !a->strings)
+		if (!a->dest && !a->like && !a->strings)
 			depth = tfab__ahead_depth(peer, key, (uint16_t)key_len);
 	} else {
 		ctx->stats.meta_misses++;
@@ -994,6 +1000,9 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		    e->meta.dtype_code != um.dtype_code || e->meta.dtype_bits != um.dtype_bits ||
 		    e->meta.dtype_lanes != um.dtype_lanes || e->meta.nbytes > um.nbytes)
 			r->meta = um;
+	} else if (a->like) {
+		r->meta_valid = true;
+		r->meta = um;
 	}
 	rc = r->meta_valid ? dest_prepare(r) : 0;
 	if (rc == 0)

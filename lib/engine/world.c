@@ -22,6 +22,7 @@
 #include <tfab/world.h>
 
 #include "engine/engine.h"
+#include "engine/world.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/time.h"
@@ -46,15 +47,6 @@ struct rank_rec {
 	uint16_t port;
 	char host[REC_HOST];
 	char name[REC_NAME];
-};
-
-struct tfab_world {
-	struct tfab_context *ctx;
-	int rank, size;
-	int timeout_ms; /* the join's */
-	struct rank_rec *recs;
-	struct tfab_peer **peers;
-	int32_t hello; /* the tensor this rank says hello with */
 };
 
 static void put32(uint8_t *p, uint32_t v)
@@ -453,6 +445,7 @@ static void world_free(struct tfab_world *w)
 {
 	if (!w)
 		return;
+	tfab__coll_fini(w);
 	for (int r = 0; w->peers && r < w->size; r++) {
 		if (w->peers[r])
 			tfab_peer_destroy(w->peers[r]);
@@ -479,9 +472,14 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 	if (!w)
 		return -ENOMEM;
 	w->ctx = ctx;
-	rc = settings(w, args, &me);
+	rc = tfab__coll_init(w);
 	if (rc) {
 		free(w);
+		return rc;
+	}
+	rc = settings(w, args, &me);
+	if (rc) {
+		world_free(w);
 		return rc;
 	}
 	deadline = tfab__now_ms() + (uint64_t)w->timeout_ms;
@@ -541,6 +539,12 @@ int tfab_world_leave(struct tfab_world *w)
 {
 	if (!w)
 		return -EINVAL;
+	if (tfab__coll_fini(w) == -EBUSY) {
+		TFAB_ERROR(SUBSYS,
+			   "rank %d: cannot leave the world while collectives are in flight",
+			   w->rank);
+		return -EBUSY;
+	}
 	world_free(w);
 	return 0;
 }

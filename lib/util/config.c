@@ -213,6 +213,14 @@ static const struct tfab_config_entry table[] = {
      "How long joining a world waits for every rank; a rank that does not arrive fails the "
      "join with TFAB_ERR_TIMEOUT, and the log names it",
      FIELD(world_timeout_ms), &parser_uint, 1, 86400000},
+    {"TFAB_ALLREDUCE_SMALL", "65536",
+     "An allreduce of at most this many bytes goes directly from every rank to every rank (one "
+     "round); a larger one around the ring (reduce-scatter, then allgather)",
+     FIELD(allreduce_small), &parser_uint, 0, 1u << 30},
+    {"TFAB_COLL_PIECE", "1048576",
+     "Bytes per write of a collective: a ring moves each rank's part in pieces of this size, "
+     "so that reducing one piece overlaps the writes of the next",
+     FIELD(coll_piece), &parser_uint, 4096, 1u << 30},
     {"TFAB_OFI_DOMAIN", "",
      "libfabric domain (interface) to open, such as lo or eth0 (shm has none); empty takes "
      "libfabric's first",

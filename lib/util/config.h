@@ -24,6 +24,8 @@ struct tfab_config {
 	char world_name[256];	     /* TFAB_WORLD_NAME */
 	char world_host[256];	     /* TFAB_WORLD_HOST */
 	unsigned world_timeout_ms;   /* TFAB_WORLD_TIMEOUT_MS */
+	unsigned allreduce_small;    /* TFAB_ALLREDUCE_SMALL: the direct algorithm's bound */
+	unsigned coll_piece;	     /* TFAB_COLL_PIECE: bytes per write of a collective */
 	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Joining a world (doc/world.md): ranks as processes of this host, from a torchrun-style
-environment, and ranks as threads of one process through an allgather of their own.
+environment, and ranks as threads of one process through an allgather of their own; and a
+rank killed or stopped in the middle of the collectives (test_coll.c, env mode).
 
-    test_world.py WORLD_RANK
+    test_world.py WORLD_RANK TEST_COLL
 
 Each case starts its ranks, bounds every wait, and checks what each rank printed
 (world_rank.c): the ranks that should join joined, knew every rank's name and traded a
@@ -10,23 +11,26 @@ tensor with every other rank; the ones that should not failed with the named sta
 the log says why. Every process started is gone at the end.
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 RANK = None
+COLL = None
 WAIT_S = 60
 BASE_PORT = 29600 + os.getpid() % 1000  # one per case below, apart from any other run's
 
 
-def start(rank, size, port, extra=None):
+def start(rank, size, port, extra=None, argv=None):
     env = dict(os.environ)
     env.update({"TFAB_RANK": str(rank), "TFAB_WORLD_SIZE": str(size),
                 "TFAB_MASTER_ADDR": "127.0.0.1", "TFAB_MASTER_PORT": str(port),
                 "TFAB_WORLD_NAME": "/job:worker/task:%d" % rank, "TFAB_LOG_LEVEL": "warn"})
     env.update(extra or {})
-    return subprocess.Popen([RANK, "env"], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen(argv or [RANK, "env"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -168,6 +172,96 @@ def case_threads_allgather(_port, provider):
                "not every thread knows rank %d's name" % r, outs)
 
 
+class Lines:
+    """A process's output lines as they come, each with the time it was read."""
+
+    def __init__(self, proc):
+        self.proc, self.lines, self.cond = proc, [], threading.Condition()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append((time.monotonic(), None))
+            self.cond.notify_all()
+
+    def wait_for(self, prefix, bound_s):
+        end = time.monotonic() + bound_s
+        with self.cond:
+            while time.monotonic() < end:
+                for t, line in self.lines:
+                    if line is not None and line.startswith(prefix):
+                        return t, line
+                    if line is None:
+                        return None
+                self.cond.wait(timeout=max(0.01, end - time.monotonic()))
+        return None
+
+    def text(self):
+        with self.cond:
+            return "\n".join(l for _, l in self.lines if l is not None)
+
+
+# The stall deadline and heartbeat of the fault cases, and what a loaded two-core machine
+# adds to the bound on seeing a failure (as the fault suite allows, doc/faults.md).
+DEADLINE_MS, BEAT_MS, SLACK_MS = 3000, 500, 1500
+
+
+def coll_fault(port, sig):
+    """4 ranks allreduce 4 MiB again and again; rank 2 gets sig in the middle: every other
+    rank's allreduce fails with a named status within the deadline plus a heartbeat, and
+    every process ends."""
+    extra = {"TFAB_OP_TIMEOUT_MS": str(DEADLINE_MS), "TFAB_HEARTBEAT_MS": str(BEAT_MS),
+             "TFAB_COLL_PIECE": "262144"}
+    procs = [start(r, 4, port, extra, [COLL, "env"]) for r in range(4)]
+    lines = [Lines(p) for p in procs]
+    try:
+        seen = lines[0].wait_for("ITER 3", WAIT_S)
+        outs = [(None, l.text()) for l in lines]
+        expect(seen is not None, "rank 0 did not finish 4 allreduces", outs)
+        t_fault = time.monotonic()
+        os.kill(procs[2].pid, sig)
+        for r in (0, 1, 3):
+            got = lines[r].wait_for("COLL_FAILED", (DEADLINE_MS + BEAT_MS + SLACK_MS) / 1000.0
+                                    + 5)
+            outs = [(None, l.text()) for l in lines]
+            expect(got is not None, "rank %d: no failure after rank 2's %s" %
+                   (r, signal.Signals(sig).name), outs)
+            at_ms = int(got[1].split("at_ms=")[1])
+            took = at_ms - t_fault * 1000.0
+            status = got[1].split("status=")[1].split()[0]
+            print("# rank %d: %s after %.0f ms" % (r, status, took), flush=True)
+            expect(status.startswith("TFAB_ERR_"), "rank %d: an unnamed status" % r, outs)
+            expect(took <= DEADLINE_MS + BEAT_MS + SLACK_MS,
+                   "rank %d: the failure took %.0f ms" % (r, took), outs)
+        for r in (0, 1, 3):
+            try:
+                rc = procs[r].wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                rc = None
+            outs = [(None, l.text()) for l in lines]
+            expect(rc == 4, "rank %d did not end with the failure (exit %s)" % (r, rc), outs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def case_coll_kill(port, _provider):
+    """A rank killed in the middle of an allreduce."""
+    coll_fault(port, signal.SIGKILL)
+
+
+def case_coll_stop(port, _provider):
+    """A rank stopped in the middle of an allreduce (found by the deadline and heartbeats)."""
+    coll_fault(port, signal.SIGSTOP)
+
+
 CASES = [
     (case_four_ranks, None),
     (case_four_ranks, "ofi:tcp"),
@@ -177,12 +271,15 @@ CASES = [
     (case_strangers, None),
     (case_no_world, None),
     (case_threads_allgather, None),
+    (case_coll_kill, None),
+    (case_coll_stop, None),
 ]
 
 
 def main():
-    global RANK
+    global RANK, COLL
     RANK = os.path.abspath(sys.argv[1])
+    COLL = os.path.abspath(sys.argv[2])
     failed = 0
     for i, (fn, provider) in enumerate(CASES):
         name = fn.__name__[5:] + (" on " + provider if provider else "")

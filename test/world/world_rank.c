@@ -10,30 +10,15 @@
  * right; a join that fails prints JOIN_FAILED status=<name> and exits 3; any other failure
  * prints why and exits 1.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <tfab/tfab.h>
 
-#define TIMEOUT_MS 20000
+#include "ranks.h"
 
-static const char *status_name(int status)
-{
-	switch (-status) {
-	case TFAB_ERR_TIMEOUT:
-		return "TFAB_ERR_TIMEOUT";
-	case TFAB_ERR_PROTOCOL:
-		return "TFAB_ERR_PROTOCOL";
-	case TFAB_ERR_CONFIG:
-		return "TFAB_ERR_CONFIG";
-	case TFAB_ERR_PEER_FAILED:
-		return "TFAB_ERR_PEER_FAILED";
-	default:
-		return tfab_strerror(status);
-	}
-}
+#define TIMEOUT_MS 20000
 
 /* What rank `from` sends rank `to`: a value that names both. */
 static int32_t value(int from, int to)
@@ -99,14 +84,19 @@ static int trade(struct tfab_context *ctx, struct tfab_world *w)
 	return rc ? 1 : 0;
 }
 
-static int joined(struct tfab_context *ctx, struct tfab_world *w)
+/* Says who joined and who the others are, then trades. */
+static int joined_only(struct tfab_context *ctx, struct tfab_world *w)
 {
-	int rc;
-
 	printf("JOINED rank=%d size=%d\n", tfab_world_rank(w), tfab_world_size(w));
 	for (int r = 0; r < tfab_world_size(w); r++)
 		printf("NAME %d=%s\n", r, tfab_world_name(w, r));
-	rc = trade(ctx, w);
+	return trade(ctx, w);
+}
+
+static int joined(struct tfab_context *ctx, struct tfab_world *w)
+{
+	int rc = joined_only(ctx, w);
+
 	tfab_world_leave(w);
 	return rc;
 }
@@ -123,7 +113,7 @@ static int run_env(void)
 	}
 	rc = tfab_world_join(ctx, NULL, &w);
 	if (rc) {
-		printf("JOIN_FAILED status=%s\n", status_name(rc));
+		printf("JOIN_FAILED status=%s\n", ranks_status_name(rc));
 		tfab_context_destroy(ctx);
 		return 3;
 	}
@@ -134,87 +124,19 @@ static int run_env(void)
 	return rc;
 }
 
-/* The threads' allgather: each writes its entry, waits for all, reads them all. */
-#define GATHER_MAX 4096 /* room for each rank's entry */
-
-struct gather {
-	pthread_barrier_t in, out;
-	unsigned char *buf;
-};
-
-struct rank_thread {
-	struct gather *g;
-	int rank, size, rc;
-	pthread_t thread;
-};
-
-static int allgather(const void *mine, void *all, size_t len, void *arg)
+static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 {
-	struct rank_thread *t = arg;
-	struct gather *g = t->g;
-
-	if (len > GATHER_MAX)
-		return -1; /* every thread says so: none waits at the barrier */
-	memcpy(g->buf + (size_t)t->rank * GATHER_MAX, mine, len);
-	pthread_barrier_wait(&g->in);
-	for (int r = 0; r < t->size; r++)
-		memcpy((unsigned char *)all + (size_t)r * len, g->buf + (size_t)r * GATHER_MAX,
-		       len);
-	pthread_barrier_wait(&g->out);
-	return 0;
-}
-
-static void *thread_main(void *arg)
-{
-	struct rank_thread *t = arg;
-	char name[64];
-	struct tfab_world_args args = {.rank = t->rank,
-				       .size = t->size,
-				       .name = name,
-				       .host = "127.0.0.1",
-				       .timeout_ms = TIMEOUT_MS,
-				       .allgather = allgather,
-				       .allgather_arg = t};
-	struct tfab_context *ctx;
-	struct tfab_world *w;
-
-	snprintf(name, sizeof(name), "/job:worker/task:%d", t->rank);
-	t->rc = tfab_context_create(&ctx);
-	if (t->rc)
-		return NULL;
-	t->rc = tfab_world_join(ctx, &args, &w);
-	if (t->rc)
-		printf("JOIN_FAILED status=%s\n", status_name(t->rc));
-	else
-		t->rc = joined(ctx, w);
-	tfab_context_destroy(ctx);
-	return NULL;
+	(void)arg;
+	return joined_only(ctx, w);
 }
 
 static int run_threads(int n)
 {
-	struct gather g;
-	struct rank_thread *t = calloc((size_t)n, sizeof(*t));
-	int rc = 0;
+	int rc = ranks_run_threads(n, TIMEOUT_MS, thread_body, NULL);
 
-	g.buf = calloc((size_t)n, GATHER_MAX);
-	pthread_barrier_init(&g.in, NULL, (unsigned)n);
-	pthread_barrier_init(&g.out, NULL, (unsigned)n);
-	for (int i = 0; i < n; i++) {
-		t[i] = (struct rank_thread){.g = &g, .rank = i, .size = n};
-		pthread_create(&t[i].thread, NULL, thread_main, &t[i]);
-	}
-	for (int i = 0; i < n; i++) {
-		pthread_join(t[i].thread, NULL);
-		rc |= t[i].rc;
-	}
-	pthread_barrier_destroy(&g.in);
-	pthread_barrier_destroy(&g.out);
-	free(g.buf);
-	free(t);
 	if (rc == 0)
 		printf("OK\n");
-	return rc ? 1 : 0;
+	return rc;
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,931 @@
+/*
+ * Collectives on a world (doc/world.md, "Collectives"): allreduce, broadcast, allgather,
+ * reduce-scatter and barrier as ordinary sends and receives between the world's peers.
+ *
+ * A collective is a small program of operations, each a send to or a receive from one rank,
+ * with the operations it waits for: a ring's step waits for the piece it forwards to have
+ * come and been reduced. Every operation's callback marks it ended and posts what it freed;
+ * one thread at a time posts (drive: the others leave their work to it), never holding the
+ * world's lock across a call into the engine, whose callbacks may run inside that call.
+ *
+ * A failure drains: the collective posts at once every receive it has not posted (into pool
+ * blocks it drops) and a dead tensor for every send it has not posted, so that the
+ * neighbours waiting for them fail at once, and theirs in turn; it ends when every operation
+ * it posted has ended. So every rank, failed or not, eventually takes every send addressed
+ * to it, and nothing waits on a rank that gave up.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tfab/status.h>
+#include <tfab/world.h>
+
+#include "engine/engine.h"
+#include "engine/reduce.h"
+#include "engine/world.h"
+#include "util/log.h"
+#include "util/time.h"
+
+#define SUBSYS "coll"
+
+/*
+ * A collective's step id: numbered from INT64_MIN up, below any step an application uses, so
+ * that its (key, step) pairs never meet the application's.
+ */
+#define COLL_STEP(seq) (INT64_MIN + (int64_t)(seq))
+
+enum op_kind {
+	OP_SEND,
+	OP_RECV_POOL, /* into a pool tensor, then its action */
+	OP_RECV_INTO, /* straight into the collective's tensor */
+};
+
+enum op_act {
+	ACT_NONE,
+	ACT_REDUCE, /* buf = tensor op local; an average divides at the last */
+	ACT_ACCUM,  /* tensor = tensor op local, kept for the send that forwards it */
+	ACT_HOLD,   /* kept whole until the collective folds them (direct allreduce) */
+};
+
+enum op_state {
+	ST_WAIT,  /* for the operations it depends on */
+	ST_READY, /* queued to be posted */
+	ST_POSTED,
+	ST_ENDED,
+};
+
+struct coll_op {
+	struct tfab_coll *c;
+	uint8_t kind, act, state;
+	bool last; /* ACT_REDUCE: the part's last reduction */
+	char tag;  /* the key: "tfab.c/<tag><step>.<piece>" */
+	uint8_t nnext;
+	uint16_t ndeps; /* operations still to end before this one is posted */
+	uint32_t step, piece;
+	uint32_t next[2];      /* the operations that wait for this one */
+	int rank;	       /* the peer's */
+	int32_t from;	       /* OP_SEND: sends the tensor that receive `from` keeps (-1: buf) */
+	uint8_t *buf;	       /* OP_SEND: the bytes sent; OP_RECV_INTO: where they land;
+			     ACT_REDUCE: where the result goes */
+	const uint8_t *local;  /* ACT_REDUCE, ACT_ACCUM: this rank's operand */
+	size_t len;	       /* bytes */
+	DLManagedTensor *held; /* OP_RECV_POOL: its tensor, while it is needed */
+	int64_t shape;	       /* of view */
+	DLTensor view;	       /* what is sent or received: len bytes */
+};
+
+struct tfab_coll {
+	struct tfab_list link;	   /* w->colls */
+	struct tfab_list run_link; /* w->runnable, while queued */
+	bool queued;
+	struct tfab_world *w;
+	const char *what;
+	uint64_t seq;
+	int64_t step;
+	enum tfab_op op;
+	enum tfab_rtype rt;
+	size_t esize;
+	int status; /* the first failure */
+	bool draining;
+	bool fold; /* direct allreduce: reduce the kept tensors in rank order at the end */
+	uint8_t *out;
+	const uint8_t *in;
+	size_t nbytes;
+	uint32_t nops, unended;
+	uint32_t *ready, ready_head, ready_tail;
+	struct coll_op *ops;
+	tfab_coll_cb cb;
+	void *arg;
+	int32_t barrier[1];
+};
+
+static const DLDataType BYTES = {kDLUInt, 8, 1};
+
+static int mod(int a, int n)
+{
+	return ((a % n) + n) % n;
+}
+
+int tfab__coll_init(struct tfab_world *w)
+{
+	pthread_condattr_t ca;
+	int rc;
+
+	tfab__list_init(&w->colls);
+	tfab__list_init(&w->runnable);
+	w->small = w->ctx->cfg.allreduce_small;
+	w->piece = w->ctx->cfg.coll_piece;
+	rc = tfab__htable_init(&w->residuals, 16);
+	if (rc)
+		return rc;
+	pthread_mutex_init(&w->coll_lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&w->coll_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	w->coll_up = true;
+	return 0;
+}
+
+int tfab__coll_fini(struct tfab_world *w)
+{
+	if (!w->coll_up)
+		return 0;
+	pthread_mutex_lock(&w->coll_lock);
+	if (!tfab__list_empty(&w->colls)) {
+		pthread_mutex_unlock(&w->coll_lock);
+		return -EBUSY;
+	}
+	pthread_mutex_unlock(&w->coll_lock);
+	tfab__htable_fini_free(&w->residuals);
+	pthread_cond_destroy(&w->coll_cond);
+	pthread_mutex_destroy(&w->coll_lock);
+	w->coll_up = false;
+	return 0;
+}
+
+static struct tfab_coll *coll_new(struct tfab_world *w, const char *what, uint32_t nops,
+				  tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->ops = calloc(nops ? nops : 1, sizeof(*c->ops));
+	c->ready = calloc(nops ? nops : 1, sizeof(*c->ready));
+	if (!c->ops || !c->ready) {
+		free(c->ops);
+		free(c->ready);
+		free(c);
+		return NULL;
+	}
+	tfab__list_init(&c->link);
+	tfab__list_init(&c->run_link);
+	c->w = w;
+	c->what = what;
+	c->nops = c->unended = nops;
+	c->cb = cb;
+	c->arg = arg;
+	for (uint32_t i = 0; i < nops; i++) {
+		c->ops[i].c = c;
+		c->ops[i].from = -1;
+	}
+	return c;
+}
+
+static void coll_free(struct tfab_coll *c)
+{
+	for (uint32_t i = 0; i < c->nops; i++) {
+		if (c->ops[i].held)
+			c->ops[i].held->deleter(c->ops[i].held);
+	}
+	free(c->ops);
+	free(c->ready);
+	free(c);
+}
+
+/* Operation i of c is `kind` with `rank`, keyed tag/step/piece, over len bytes at buf. */
+static struct coll_op *op_set(struct tfab_coll *c, uint32_t i, enum op_kind kind, int rank,
+			      char tag, uint32_t step, uint32_t piece, uint8_t *buf, size_t len)
+{
+	struct coll_op *op = &c->ops[i];
+
+	op->kind = (uint8_t)kind;
+	op->rank = rank;
+	op->tag = tag;
+	op->step = step;
+	op->piece = piece;
+	op->buf = buf;
+	op->len = len;
+	return op;
+}
+
+/* Operation `after` is posted only once `before` has ended. */
+static void op_after(struct tfab_coll *c, uint32_t before, uint32_t after)
+{
+	struct coll_op *b = &c->ops[before];
+
+	b->next[b->nnext++] = after;
+	c->ops[after].ndeps++;
+}
+
+static void coll_queue(struct tfab_coll *c)
+{
+	if (!c->queued) {
+		c->queued = true;
+		tfab__list_add_tail(&c->w->runnable, &c->run_link);
+	}
+}
+
+static void op_ready(struct tfab_coll *c, struct coll_op *op)
+{
+	op->state = ST_READY;
+	c->ready[c->ready_tail++] = (uint32_t)(op - c->ops);
+	coll_queue(c);
+}
+
+static const char *status_text(int status)
+{
+	return status == -TFAB_ERR_PEER_FAILED ? "a rank failed" : tfab_strerror(status);
+}
+
+/* The first failure decides; every operation not posted yet is posted at once (drain). */
+static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
+{
+	if (!c->status) {
+		c->status = status;
+		TFAB_WARN(SUBSYS,
+			  "rank %d: %s %" PRIu64 " failed (%s, with rank %d on tfab.c/%c%u.%u): "
+			  "it ends once what it posted has ended",
+			  c->w->rank, c->what, c->seq, status_text(status), op->rank, op->tag,
+			  op->step, op->piece);
+	}
+	if (c->draining)
+		return;
+	c->draining = true;
+	for (uint32_t i = 0; i < c->nops; i++) {
+		if (c->ops[i].state == ST_WAIT)
+			op_ready(c, &c->ops[i]);
+	}
+}
+
+/* op ended with status (lock held): what waited for it may go. */
+static void op_ended(struct tfab_coll *c, struct coll_op *op, int status)
+{
+	op->state = ST_ENDED;
+	c->unended--;
+	if (status)
+		coll_fail(c, op, status);
+	for (unsigned k = 0; k < op->nnext && !c->draining; k++) {
+		struct coll_op *n = &c->ops[op->next[k]];
+
+		if (--n->ndeps == 0 && n->state == ST_WAIT)
+			op_ready(c, n);
+	}
+	if (c->unended == 0)
+		coll_queue(c);
+}
+
+static void drive(struct tfab_world *w);
+
+static void on_sent(void *arg, int status)
+{
+	struct coll_op *op = arg;
+	struct tfab_coll *c = op->c;
+	struct tfab_world *w = c->w;
+	DLManagedTensor *t = NULL;
+
+	pthread_mutex_lock(&w->coll_lock);
+	if (op->from >= 0) {
+		t = c->ops[op->from].held;
+		c->ops[op->from].held = NULL;
+	}
+	op_ended(c, op, status);
+	drive(w);
+	pthread_mutex_unlock(&w->coll_lock);
+	if (t)
+		t->deleter(t);
+}
+
+/* What a receive's tensor is for, done as it lands (no lock: nothing else touches it). */
+static void op_act(struct tfab_coll *c, struct coll_op *op, void *data)
+{
+	size_t n = op->len / c->esize;
+
+	switch (op->act) {
+	case ACT_REDUCE:
+		tfab__reduce(c->op, c->rt, op->buf, data, op->local, n);
+		if (op->last && c->op == TFAB_OP_AVG)
+			tfab__reduce_div(c->rt, op->buf, n, c->w->size);
+		break;
+	case ACT_ACCUM:
+		tfab__reduce(c->op, c->rt, data, data, op->local, n);
+		break;
+	default:
+		break;
+	}
+}
+
+static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
+{
+	struct coll_op *op = arg;
+	struct tfab_coll *c = op->c;
+	struct tfab_world *w = c->w;
+
+	if (status == 0 && is_dead)
+		status = -TFAB_ERR_PEER_FAILED; /* the rank before gave up: pass it on */
+	if (status == 0 && t && op->kind == OP_RECV_POOL)
+		op_act(c, op, t->dl_tensor.data);
+	pthread_mutex_lock(&w->coll_lock);
+	if (status == 0 && t && op->kind == OP_RECV_POOL &&
+	    (op->act == ACT_ACCUM || op->act == ACT_HOLD) && !c->draining) {
+		op->held = t;
+		t = NULL;
+	}
+	op_ended(c, op, status);
+	drive(w);
+	pthread_mutex_unlock(&w->coll_lock);
+	if (t)
+		t->deleter(t);
+}
+
+static void on_dead_sent(void *arg, int status)
+{
+	(void)arg;
+	(void)status;
+}
+
+/* Post op (no lock held); src: the bytes a send reads. 0 or why it could not be posted. */
+static int op_post(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t *src)
+{
+	struct tfab_world *w = c->w;
+	struct tfab_context *ctx = w->ctx;
+	struct tfab_peer *peer = w->peers[op->rank];
+	struct tfab_recv_args a = {.cb = on_recv, .arg = op};
+	static uint8_t none;
+	char key[48];
+
+	snprintf(key, sizeof(key), "tfab.c/%c%u.%u", op->tag, op->step, op->piece);
+	op->shape = (int64_t)op->len;
+	op->view = (DLTensor){.data = op->kind == OP_SEND ? src : op->buf,
+			      .device = {kDLCPU, 0},
+			      .ndim = 1,
+			      .dtype = BYTES,
+			      .shape = &op->shape};
+	if (op->kind == OP_SEND) {
+		if (drain) {
+			op->view.data = &none;
+			return tfab_send_to(ctx, peer, key, c->step, &op->view, true, on_dead_sent,
+					    NULL);
+		}
+		return tfab_send_to(ctx, peer, key, c->step, &op->view, false, on_sent, op);
+	}
+	if (op->kind == OP_RECV_INTO && !drain)
+		a.dest = &op->view;
+	else
+		a.like = &op->view;
+	return tfab__recv_post(ctx, peer, key, c->step, &a);
+}
+
+/* The direct allreduce's end: every rank's tensor reduced in rank order into out. */
+static void coll_fold(struct tfab_coll *c)
+{
+	struct tfab_world *w = c->w;
+	const uint8_t *x[2];
+	uint8_t *acc = NULL;
+	size_t n = c->nbytes / c->esize;
+	int r = w->rank;
+
+	/* ops: a send and a receive per other rank, the receive of rank k at 2k (k < r) ... */
+	for (int k = 0; k < 2; k++)
+		x[k] = k == r ? c->in
+			      : c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1].held->dl_tensor.data;
+	acc = (uint8_t *)x[r == 0 ? 1 : 0];
+	tfab__reduce(c->op, c->rt, acc, x[0], x[1], n);
+	for (int k = 2; k < w->size; k++) {
+		const uint8_t *xk =
+		    k == r ? c->in
+			   : c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1].held->dl_tensor.data;
+
+		tfab__reduce(c->op, c->rt, acc, acc, xk, n);
+	}
+	if (c->op == TFAB_OP_AVG)
+		tfab__reduce_div(c->rt, acc, n, w->size);
+	memcpy(c->out, acc, c->nbytes);
+}
+
+/*
+ * Post what is ready, and end what has ended, until nothing is left to do (lock held; it is
+ * dropped around every call into the engine and every callback of the application). A
+ * thread that finds another one driving leaves its work to it.
+ */
+static void drive(struct tfab_world *w)
+{
+	if (w->driving)
+		return;
+	w->driving = true;
+	while (!tfab__list_empty(&w->runnable)) {
+		struct tfab_coll *c =
+		    tfab_container_of(w->runnable.next, struct tfab_coll, run_link);
+
+		tfab__list_del(&c->run_link);
+		c->queued = false;
+		while (c->ready_head < c->ready_tail) {
+			struct coll_op *op = &c->ops[c->ready[c->ready_head++]];
+			bool drain = c->draining;
+			uint8_t *src = op->buf;
+			int rc;
+
+			if (op->from >= 0)
+				src = c->ops[op->from].held ? c->ops[op->from].held->dl_tensor.data
+							    : NULL;
+			if (!drain && op->kind == OP_SEND && !src) {
+				op_ended(c, op, -EINVAL);
+				continue;
+			}
+			op->state = ST_POSTED;
+			pthread_mutex_unlock(&w->coll_lock);
+			rc = op_post(c, op, drain, src);
+			pthread_mutex_lock(&w->coll_lock);
+			/* A dead tensor is fire and forget: the rank after takes it, or fails. */
+			if (rc || (drain && op->kind == OP_SEND)) {
+				DLManagedTensor *t = NULL;
+
+				if (op->from >= 0) {
+					t = c->ops[op->from].held;
+					c->ops[op->from].held = NULL;
+				}
+				op_ended(c, op, rc);
+				if (t) {
+					pthread_mutex_unlock(&w->coll_lock);
+					t->deleter(t);
+					pthread_mutex_lock(&w->coll_lock);
+				}
+			}
+		}
+		if (c->unended == 0 && !c->queued) {
+			tfab__list_del(&c->link);
+			pthread_mutex_unlock(&w->coll_lock);
+			if (c->fold && !c->status)
+				coll_fold(c);
+			if (c->status)
+				TFAB_DEBUG(SUBSYS, "rank %d: %s %" PRIu64 " ended: %s", w->rank,
+					   c->what, c->seq, tfab_strerror(c->status));
+			c->cb(c->arg, c->status);
+			coll_free(c);
+			pthread_mutex_lock(&w->coll_lock);
+			pthread_cond_broadcast(&w->coll_cond);
+		}
+	}
+	w->driving = false;
+}
+
+/* Number c, and post what needs nothing first. */
+static void coll_start(struct tfab_coll *c)
+{
+	struct tfab_world *w = c->w;
+
+	pthread_mutex_lock(&w->coll_lock);
+	c->seq = w->coll_seq++;
+	c->step = COLL_STEP(c->seq);
+	tfab__list_add_tail(&w->colls, &c->link);
+	for (uint32_t i = 0; i < c->nops; i++) {
+		if (c->ops[i].ndeps == 0)
+			op_ready(c, &c->ops[i]);
+	}
+	coll_queue(c);
+	drive(w);
+	pthread_mutex_unlock(&w->coll_lock);
+}
+
+/* A CPU tensor's bytes and where they are; -EINVAL for anything else. */
+static int tensor_bytes(const DLTensor *t, uint8_t **data_p, size_t *nbytes_p)
+{
+	struct tfab_wire_meta m;
+	void *data;
+	int rc;
+
+	if (!t || t->device.device_type != kDLCPU)
+		return -EINVAL;
+	rc = tfab__meta_from_dltensor(t, false, &m, &data);
+	if (rc)
+		return rc;
+	*data_p = data;
+	*nbytes_p = (size_t)m.nbytes;
+	return 0;
+}
+
+/* The element range [*start, *end) of part i of n parts of count elements. */
+static void part(size_t count, int n, int i, size_t *start, size_t *end)
+{
+	*start = count * (size_t)i / (size_t)n;
+	*end = count * (size_t)(i + 1) / (size_t)n;
+}
+
+/* Pieces per part: the largest part over TFAB_COLL_PIECE bytes, at least 1. */
+static uint32_t pieces_of(const struct tfab_world *w, size_t part_bytes)
+{
+	size_t p = (part_bytes + w->piece - 1) / w->piece;
+
+	return p ? (uint32_t)(p > UINT32_MAX / 8 ? UINT32_MAX / 8 : p) : 1;
+}
+
+/* Bytes [*off, *off + *len) of piece p of P of the element range [start, end). */
+static void piece(size_t start, size_t end, uint32_t p, uint32_t P, size_t esize, size_t *off,
+		  size_t *len)
+{
+	size_t n = end - start, a = start + n * p / P, b = start + n * (p + 1) / P;
+
+	*off = a * esize;
+	*len = (b - a) * esize;
+}
+
+static int check_world(const struct tfab_world *w, tfab_coll_cb cb)
+{
+	return w && cb ? 0 : -EINVAL;
+}
+
+/*
+ * The ring allreduce: per piece p and step s (0 .. N-2), with next = rank + 1 and prev =
+ * rank - 1: S[s] sends part rank - s (the input at s = 0, then what R[s-1] reduced); R[s]
+ * receives part rank - s - 1 and reduces it into out (it, then this rank's); after N-1 steps
+ * this rank holds part rank + 1 whole: G[0] sends it, G[s] forwards what A[s-1] received;
+ * A[s] receives part rank - s into out, once S[s] (which read that part) has ended.
+ */
+static void build_ring_allreduce(struct tfab_coll *c, size_t count, uint32_t P)
+{
+	struct tfab_world *w = c->w;
+	int N = w->size, r = w->rank, next = mod(r + 1, N), prev = mod(r - 1, N);
+	uint32_t k = (uint32_t)N - 1;
+
+	for (uint32_t p = 0; p < P; p++) {
+		uint32_t base = p * 4 * k;
+
+		for (uint32_t s = 0; s < k; s++) {
+			size_t st, en, off, len;
+			struct coll_op *op;
+
+			part(count, N, mod(r - (int)s, N), &st, &en);
+			piece(st, en, p, P, c->esize, &off, &len);
+			op_set(c, base + s, OP_SEND, next, 'r', s, p,
+			       (s == 0 ? (uint8_t *)c->in : c->out) + off, len);
+			part(count, N, mod(r - (int)s - 1, N), &st, &en);
+			piece(st, en, p, P, c->esize, &off, &len);
+			op = op_set(c, base + k + s, OP_RECV_POOL, prev, 'r', s, p, c->out + off,
+				    len);
+			op->act = ACT_REDUCE;
+			op->local = c->in + off;
+			op->last = s == k - 1;
+			part(count, N, mod(r + 1 - (int)s, N), &st, &en);
+			piece(st, en, p, P, c->esize, &off, &len);
+			op_set(c, base + 2 * k + s, OP_SEND, next, 'g', s, p, c->out + off, len);
+			part(count, N, mod(r - (int)s, N), &st, &en);
+			piece(st, en, p, P, c->esize, &off, &len);
+			op_set(c, base + 3 * k + s, OP_RECV_INTO, prev, 'g', s, p, c->out + off,
+			       len);
+		}
+		for (uint32_t s = 0; s < k; s++) {
+			if (s > 0) {
+				op_after(c, base + k + s - 1, base + k + s); /* R[s-1] -> R[s] */
+				op_after(c, base + k + s - 1, base + s);     /* R[s-1] -> S[s] */
+				op_after(c, base + 3 * k + s - 1, base + 2 * k + s); /* A -> G */
+			}
+			op_after(c, base + s, base + 3 * k + s); /* S[s] -> A[s] */
+		}
+		op_after(c, base + 2 * k - 1, base + 2 * k); /* R[N-2] -> G[0] */
+	}
+}
+
+/* The direct allreduce: to every other rank the whole input, and from each its own. */
+static void build_direct_allreduce(struct tfab_coll *c)
+{
+	struct tfab_world *w = c->w;
+	uint32_t i = 0;
+
+	for (int k = 0; k < w->size; k++) {
+		if (k == w->rank)
+			continue;
+		op_set(c, i++, OP_SEND, k, 'd', 0, 0, (uint8_t *)c->in, c->nbytes);
+		op_set(c, i++, OP_RECV_POOL, k, 'd', 0, 0, NULL, c->nbytes)->act = ACT_HOLD;
+	}
+	c->fold = true;
+}
+
+int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
+		   const struct tfab_coll_opts *opts, tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll_opts o = opts ? *opts : (struct tfab_coll_opts){0};
+	enum tfab_rtype rt;
+	uint8_t *ib, *ob;
+	size_t inb, onb, count, esize;
+	uint32_t nops = 0, P = 1;
+	struct tfab_coll *c;
+	bool ring;
+	int rc;
+
+	rc = check_world(w, cb);
+	if (rc == 0)
+		rc = tensor_bytes(in, &ib, &inb);
+	if (rc == 0)
+		rc = tensor_bytes(out, &ob, &onb);
+	if (rc == 0 && (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
+			in->dtype.lanes != out->dtype.lanes || inb != onb))
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = tfab__rtype_of(in->dtype, &rt);
+	if (rc == 0 && ((unsigned)op > TFAB_OP_MAX || (unsigned)o.algo > TFAB_ALGO_RING ||
+			o.compress != TFAB_COMPRESS_NONE))
+		rc = -EINVAL;
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "allreduce: a bad argument (tensors of one supported dtype "
+				   "and size on the CPU, a known operation and algorithm)");
+		return rc;
+	}
+	esize = tfab__rtype_size(rt);
+	count = inb / esize;
+	ring = o.algo == TFAB_ALGO_RING ||
+	       (o.algo == TFAB_ALGO_AUTO && inb > w->small && count >= (size_t)w->size);
+	if (w->size > 1 && ring) {
+		P = pieces_of(w, (count + (size_t)w->size - 1) / (size_t)w->size * esize);
+		nops = P * 4 * ((uint32_t)w->size - 1);
+	} else if (w->size > 1) {
+		nops = 2 * ((uint32_t)w->size - 1);
+	}
+	c = coll_new(w, "allreduce", nops, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->op = op;
+	c->rt = rt;
+	c->esize = esize;
+	c->in = ib;
+	c->out = ob;
+	c->nbytes = inb;
+	if (w->size == 1 && ib != ob)
+		memmove(ob, ib, inb);
+	else if (w->size > 1 && ring)
+		build_ring_allreduce(c, count, P);
+	else if (w->size > 1)
+		build_direct_allreduce(c);
+	coll_start(c);
+	return 0;
+}
+
+int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll *c;
+	int rc = check_world(w, cb);
+
+	if (rc)
+		return rc;
+	c = coll_new(w, "barrier", w->size > 1 ? 2 * ((uint32_t)w->size - 1) : 0, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->op = TFAB_OP_SUM;
+	c->rt = TFAB_RT_I32;
+	c->esize = 4;
+	c->in = c->out = (uint8_t *)c->barrier;
+	c->nbytes = sizeof(c->barrier);
+	if (w->size > 1)
+		build_direct_allreduce(c);
+	coll_start(c);
+	return 0;
+}
+
+int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll *c;
+	uint8_t *b;
+	size_t nb;
+	uint32_t P = 1, nops = 0;
+	int rc = check_world(w, cb);
+	int N, r, q;
+	bool ring;
+
+	if (rc == 0)
+		rc = tensor_bytes(t, &b, &nb);
+	if (rc == 0 && (root < 0 || root >= w->size))
+		rc = -EINVAL;
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "broadcast: a bad argument (a CPU tensor, a root in the world)");
+		return rc;
+	}
+	N = w->size;
+	r = w->rank;
+	q = mod(r - root, N); /* this rank's place in the ring from root */
+	ring = nb > w->small && N > 2;
+	if (ring) {
+		P = pieces_of(w, nb);
+		nops = P * (q == 0 ? 1 : q == N - 1 ? 1 : 2);
+	} else if (N > 1) {
+		nops = r == root ? (uint32_t)N - 1 : 1;
+	}
+	c = coll_new(w, "broadcast", nops, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->esize = 1;
+	c->out = b;
+	c->nbytes = nb;
+	if (ring) {
+		/* a pipeline around the ring from root: receive piece p, forward it */
+		for (uint32_t p = 0, i = 0; p < P; p++) {
+			size_t off, len;
+
+			piece(0, nb, p, P, 1, &off, &len);
+			if (q > 0)
+				op_set(c, i++, OP_RECV_INTO, mod(r - 1, N), 'b', 0, p, b + off,
+				       len);
+			if (q < N - 1) {
+				op_set(c, i, OP_SEND, mod(r + 1, N), 'b', 0, p, b + off, len);
+				if (q > 0)
+					op_after(c, i - 1, i);
+				i++;
+			}
+		}
+	} else if (N > 1 && r == root) {
+		for (int k = 0, i = 0; k < N; k++) {
+			if (k != root)
+				op_set(c, (uint32_t)i++, OP_SEND, k, 'B', 0, 0, b, nb);
+		}
+	} else if (N > 1) {
+		op_set(c, 0, OP_RECV_INTO, root, 'B', 0, 0, b, nb);
+	}
+	coll_start(c);
+	return 0;
+}
+
+/*
+ * The ring allgather: this rank's part goes into out, and around the ring: G[s] sends part
+ * rank - s (its own from in at s = 0, then what A[s-1] received), A[s] receives part
+ * rank - s - 1 into out.
+ */
+int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab_coll_cb cb,
+		   void *arg)
+{
+	struct tfab_coll *c;
+	uint8_t *ib, *ob;
+	size_t inb, onb;
+	uint32_t P, k;
+	int rc = check_world(w, cb);
+	int N, r;
+
+	if (rc == 0)
+		rc = tensor_bytes(in, &ib, &inb);
+	if (rc == 0)
+		rc = tensor_bytes(out, &ob, &onb);
+	if (rc == 0 && onb != inb * (size_t)w->size)
+		rc = -EINVAL;
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "allgather: a bad argument (CPU tensors, out of size times "
+				   "in's bytes)");
+		return rc;
+	}
+	N = w->size;
+	r = w->rank;
+	k = (uint32_t)N - 1;
+	P = pieces_of(w, inb);
+	c = coll_new(w, "allgather", P * 2 * k, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->esize = 1;
+	c->in = ib;
+	c->out = ob;
+	c->nbytes = inb;
+	if (ib != ob + (size_t)r * inb)
+		memmove(ob + (size_t)r * inb, ib, inb);
+	for (uint32_t p = 0; p < P && k; p++) {
+		uint32_t base = p * 2 * k;
+		size_t off, len;
+
+		piece(0, inb, p, P, 1, &off, &len);
+		for (uint32_t s = 0; s < k; s++) {
+			uint8_t *src =
+			    s == 0 ? ib + off : ob + (size_t)mod(r - (int)s, N) * inb + off;
+
+			op_set(c, base + s, OP_SEND, mod(r + 1, N), 'a', s, p, src, len);
+			op_set(c, base + k + s, OP_RECV_INTO, mod(r - 1, N), 'a', s, p,
+			       ob + (size_t)mod(r - (int)s - 1, N) * inb + off, len);
+			if (s > 0)
+				op_after(c, base + k + s - 1, base + s); /* A[s-1] -> G[s] */
+		}
+	}
+	coll_start(c);
+	return 0;
+}
+
+/*
+ * The ring reduce-scatter: S[s] sends part rank - s - 1 (from in at s = 0, then the pool
+ * tensor R[s-1] accumulated), R[s] receives part rank - s - 2 and accumulates this rank's
+ * into it; at the last step that part is this rank's own, reduced into out.
+ */
+int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
+			tfab_coll_cb cb, void *arg)
+{
+	enum tfab_rtype rt;
+	struct tfab_coll *c;
+	uint8_t *ib, *ob;
+	size_t inb, onb;
+	uint32_t P, k;
+	int rc = check_world(w, cb);
+	int N, r;
+
+	if (rc == 0)
+		rc = tensor_bytes(in, &ib, &inb);
+	if (rc == 0)
+		rc = tensor_bytes(out, &ob, &onb);
+	if (rc == 0 && (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
+			in->dtype.lanes != out->dtype.lanes || inb != onb * (size_t)w->size))
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = tfab__rtype_of(in->dtype, &rt);
+	if (rc == 0 && (unsigned)op > TFAB_OP_MAX)
+		rc = -EINVAL;
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "reduce_scatter: a bad argument (tensors of one supported dtype "
+				   "on the CPU, in of size times out's bytes, a known operation)");
+		return rc;
+	}
+	N = w->size;
+	r = w->rank;
+	k = (uint32_t)N - 1;
+	P = pieces_of(w, onb);
+	c = coll_new(w, "reduce_scatter", P * 2 * k, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->op = op;
+	c->rt = rt;
+	c->esize = tfab__rtype_size(rt);
+	c->in = ib;
+	c->out = ob;
+	c->nbytes = onb;
+	if (N == 1 && ib != ob)
+		memmove(ob, ib, onb);
+	for (uint32_t p = 0; p < P && k; p++) {
+		uint32_t base = p * 2 * k;
+		size_t off, len;
+
+		piece(0, onb / c->esize, p, P, c->esize, &off, &len);
+		for (uint32_t s = 0; s < k; s++) {
+			size_t src = (size_t)mod(r - (int)s - 1, N) * onb + off;
+			size_t dst = (size_t)mod(r - (int)s - 2, N) * onb + off;
+			struct coll_op *o;
+
+			o = op_set(c, base + s, OP_SEND, mod(r + 1, N), 's', s, p, ib + src, len);
+			if (s > 0) {
+				o->from = (int32_t)(base + k + s - 1);
+				op_after(c, base + k + s - 1, base + s);     /* R[s-1] -> S[s] */
+				op_after(c, base + k + s - 1, base + k + s); /* R[s-1] -> R[s] */
+			}
+			o = op_set(c, base + k + s, OP_RECV_POOL, mod(r - 1, N), 's', s, p,
+				   ob + off, len);
+			o->local = ib + dst;
+			o->act = s == k - 1 ? ACT_REDUCE : ACT_ACCUM;
+			o->last = s == k - 1;
+		}
+	}
+	coll_start(c);
+	return 0;
+}
+
+static bool started_before(struct tfab_world *w, uint64_t seq)
+{
+	struct tfab_list *l, *t;
+
+	tfab_list_for_each_safe(l, t, &w->colls)
+	{
+		if (tfab_container_of(l, struct tfab_coll, link)->seq < seq)
+			return true;
+	}
+	return false;
+}
+
+int tfab_world_wait(struct tfab_world *w, int timeout_ms)
+{
+	struct tfab_context *ctx;
+	uint64_t seq, deadline;
+	bool thread;
+	int rc = 0;
+
+	if (!w)
+		return -EINVAL;
+	ctx = w->ctx;
+	tfab__ctx_lock(ctx);
+	thread = ctx->thread_running;
+	if (ctx->cb_depth && pthread_equal(ctx->cb_thread, pthread_self()))
+		rc = -EDEADLK;
+	tfab__ctx_unlock(ctx);
+	if (rc)
+		return rc;
+	deadline = timeout_ms < 0 ? UINT64_MAX : tfab__now_ms() + (uint64_t)timeout_ms;
+	pthread_mutex_lock(&w->coll_lock);
+	seq = w->coll_seq;
+	while (started_before(w, seq)) {
+		if (tfab__now_ms() >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		if (thread) {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			ts.tv_nsec += 1000000; /* a bound, in case a broadcast came before */
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&w->coll_cond, &w->coll_lock, &ts);
+			continue;
+		}
+		pthread_mutex_unlock(&w->coll_lock);
+		/* Nothing came: let a rank sharing this core run (oversubscribed hosts). */
+		if (tfab_progress(ctx) == 0)
+			sched_yield();
+		pthread_mutex_lock(&w->coll_lock);
+	}
+	pthread_mutex_unlock(&w->coll_lock);
+	return rc;
+}

@@ -1,0 +1,45 @@
+/*
+ * A world's state (world.c joins it, coll.c runs its collectives). The collectives' part is
+ * guarded by coll_lock, never held across a call into the engine.
+ */
+#ifndef TFAB_ENGINE_WORLD_H
+#define TFAB_ENGINE_WORLD_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tfab/world.h>
+
+#include "util/hash.h"
+#include "util/list.h"
+
+struct rank_rec;
+struct tfab_coll;
+
+struct tfab_world {
+	struct tfab_context *ctx;
+	int rank, size;
+	int timeout_ms; /* the join's */
+	struct rank_rec *recs;
+	struct tfab_peer **peers;
+	int32_t hello; /* the tensor this rank says hello with */
+
+	/* Collectives (coll.c); coll_up while the lock and the table below exist. */
+	bool coll_up;
+	pthread_mutex_t coll_lock;
+	pthread_cond_t coll_cond;     /* broadcast when a collective ends */
+	uint64_t coll_seq;	      /* collectives started so far: the next one's number */
+	struct tfab_list colls;	      /* started and not yet called back, by number */
+	struct tfab_list runnable;    /* those with operations to post or a verdict to give */
+	bool driving;		      /* a thread is posting for them (coll.c, drive) */
+	unsigned small, piece;	      /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_PIECE */
+	struct tfab_htable residuals; /* error feedback of compressed allreduces, by key */
+};
+
+/* coll.c */
+int tfab__coll_init(struct tfab_world *w);
+/* -EBUSY while collectives are in flight (nothing done); else frees what they kept. */
+int tfab__coll_fini(struct tfab_world *w);
+
+#endif

@@ -1,0 +1,769 @@
+/*
+ * The collectives, checked (doc/world.md, "Collectives"):
+ *
+ *   test_coll threads N   N ranks as threads of this process, each with its own context:
+ *                         allreduce (every dtype and operation, both algorithms, odd counts,
+ *                         in place), several in flight completing out of order, broadcast,
+ *                         allgather, reduce-scatter, barrier, and the calls refused
+ *   test_coll env [ITERS] one rank from the environment (TFAB_RANK, ...): a 4 MiB allreduce
+ *                         again and again (or ITERS times), each result checked, printing
+ *                         ITER n; the first failure prints COLL_FAILED status=<name>
+ *                         at_ms=<CLOCK_MONOTONIC> and exits 4 (test_world.py kills or stops
+ *                         a rank in the middle)
+ *
+ * Every result is compared bit for bit with a reference computed here in the order the
+ * algorithm documents: integers exactly, floats in the same order of operations, fp16 and
+ * bf16 through conversions of this file's own.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tfab/tfab.h>
+
+#include "ranks.h"
+
+#define WAIT_MS 60000
+
+enum kind { K_F32, K_F64, K_F16, K_BF16, K_I32, K_I64 };
+
+struct dtype {
+	const char *name;
+	enum kind k;
+	DLDataType dl;
+	size_t size;
+};
+
+static const struct dtype DTYPES[] = {
+    {"float32", K_F32, {kDLFloat, 32, 1}, 4}, {"float64", K_F64, {kDLFloat, 64, 1}, 8},
+    {"float16", K_F16, {kDLFloat, 16, 1}, 2}, {"bfloat16", K_BF16, {kDLBfloat, 16, 1}, 2},
+    {"int32", K_I32, {kDLInt, 32, 1}, 4},     {"int64", K_I64, {kDLInt, 64, 1}, 8},
+};
+#define NDTYPES (sizeof(DTYPES) / sizeof(DTYPES[0]))
+
+static const char *const OP_NAMES[] = {"sum", "avg", "min", "max"};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* bfloat16 from float, to nearest even: written here apart from the library's. */
+static uint16_t bf16_of(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float bf16_value(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/*
+ * IEEE half from float, to nearest even, by another road than the library's: the mantissa
+ * scaled to an integer in double and rounded by nearbyint.
+ */
+static uint16_t f16_of(float f)
+{
+	double a = fabs((double)f);
+	uint16_t sign = signbit(f) ? 0x8000u : 0;
+	int e, E;
+	double q;
+
+	if (a >= 65520.0)
+		return sign | 0x7c00u;
+	frexp(a, &e); /* a = m 2^e, m in [0.5, 1) */
+	E = e - 1 < -14 ? -14 : e - 1;
+	q = nearbyint(ldexp(a, 10 - E)); /* 10 bits of fraction */
+	if (q >= 2048.0) {
+		q = 1024.0;
+		E++;
+	}
+	if (q < 1024.0) /* subnormal (E is -14) */
+		return sign | (uint16_t)q;
+	return sign | (uint16_t)(((E + 15) << 10) | ((int)q - 1024));
+}
+
+static float f16_value(uint16_t h)
+{
+	int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+	double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+
+	return (float)(h & 0x8000u ? -v : v);
+}
+
+/*
+ * Rank r's element i: floats of magnitudes from 0.001 to 500, so that the order of a sum
+ * changes its rounding; integers of both signs.
+ */
+static double value(int r, size_t i)
+{
+	static const double scale[] = {0.01, 0.3, 1.0, 7.0, 100.0};
+
+	return ((double)((r * 37 + (int)(i % 1000003) * 11) % 97) - 48.3) * 0.1 *
+		   scale[((size_t)r + i) % 5] +
+	       r * 0.001;
+}
+
+static int64_t ivalue(int r, size_t i)
+{
+	return (int64_t)(((uint64_t)r * 7919u + i * 104729u) % 20011u) - 10005;
+}
+
+static void fill(const struct dtype *d, void *buf, int r, size_t start, size_t count)
+{
+	for (size_t j = 0; j < count; j++) {
+		size_t i = start + j;
+
+		switch (d->k) {
+		case K_F32:
+			((float *)buf)[j] = (float)value(r, i);
+			break;
+		case K_F64:
+			((double *)buf)[j] = value(r, i);
+			break;
+		case K_F16:
+			((uint16_t *)buf)[j] = f16_of((float)value(r, i));
+			break;
+		case K_BF16:
+			((uint16_t *)buf)[j] = bf16_of((float)value(r, i));
+			break;
+		case K_I32:
+			((int32_t *)buf)[j] = (int32_t)(ivalue(r, i) * 100003);
+			break;
+		case K_I64:
+			((int64_t *)buf)[j] = ivalue(r, i) * ((int64_t)1 << 40) + r;
+			break;
+		}
+	}
+}
+
+#define FOLD(acc, x, op)                                     \
+	((op) == TFAB_OP_MIN   ? ((x) < (acc) ? (x) : (acc)) \
+	 : (op) == TFAB_OP_MAX ? ((x) > (acc) ? (x) : (acc)) \
+			       : (acc) + (x))
+
+/*
+ * Element i of the reduction of every rank's tensor (element i of each, as fill makes it),
+ * folded in rank order from rank first around the ring, written to out[j].
+ */
+static void reduce_one(const struct dtype *d, enum tfab_op op, int n, int first, size_t i,
+		       void *out, size_t j)
+{
+	char x[8];
+
+	switch (d->k) {
+	case K_F32: {
+		float acc = 0;
+
+		for (int k = 0; k < n; k++) {
+			fill(d, x, (first + k) % n, i, 1);
+			acc = k == 0 ? *(float *)x : FOLD(acc, *(float *)x, op);
+		}
+		((float *)out)[j] = op == TFAB_OP_AVG ? acc / (float)n : acc;
+		break;
+	}
+	case K_F64: {
+		double acc = 0;
+
+		for (int k = 0; k < n; k++) {
+			fill(d, x, (first + k) % n, i, 1);
+			acc = k == 0 ? *(double *)x : FOLD(acc, *(double *)x, op);
+		}
+		((double *)out)[j] = op == TFAB_OP_AVG ? acc / (double)n : acc;
+		break;
+	}
+	case K_F16: {
+		uint16_t acc = 0;
+
+		for (int k = 0; k < n; k++) {
+			float a = f16_value(acc), b;
+
+			fill(d, x, (first + k) % n, i, 1);
+			b = f16_value(*(uint16_t *)x);
+			acc = k == 0 ? f16_of(b) : f16_of(FOLD(a, b, op));
+		}
+		((uint16_t *)out)[j] = op == TFAB_OP_AVG ? f16_of(f16_value(acc) / (float)n) : acc;
+		break;
+	}
+	case K_BF16: {
+		uint16_t acc = 0;
+
+		for (int k = 0; k < n; k++) {
+			float a = bf16_value(acc), b;
+
+			fill(d, x, (first + k) % n, i, 1);
+			b = bf16_value(*(uint16_t *)x);
+			acc = k == 0 ? bf16_of(b) : bf16_of(FOLD(a, b, op));
+		}
+		((uint16_t *)out)[j] =
+		    op == TFAB_OP_AVG ? bf16_of(bf16_value(acc) / (float)n) : acc;
+		break;
+	}
+	case K_I32: {
+		int32_t acc = 0;
+
+		for (int k = 0; k < n; k++) {
+			int32_t v;
+
+			fill(d, x, (first + k) % n, i, 1);
+			v = *(int32_t *)x;
+			if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
+				acc = (int32_t)((uint32_t)acc + (uint32_t)v);
+			else
+				acc = k == 0 ? v : FOLD(acc, v, op);
+		}
+		((int32_t *)out)[j] = op == TFAB_OP_AVG ? acc / n : acc;
+		break;
+	}
+	case K_I64: {
+		int64_t acc = 0;
+
+		for (int k = 0; k < n; k++) {
+			int64_t v;
+
+			fill(d, x, (first + k) % n, i, 1);
+			v = *(int64_t *)x;
+			if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
+				acc = (int64_t)((uint64_t)acc + (uint64_t)v);
+			else
+				acc = k == 0 ? v : FOLD(acc, v, op);
+		}
+		((int64_t *)out)[j] = op == TFAB_OP_AVG ? acc / n : acc;
+		break;
+	}
+	}
+}
+
+/* The part (of n) that element i of count falls in, as the library splits them. */
+static int part_of(size_t count, int n, size_t i)
+{
+	for (int c = 0; c < n; c++) {
+		if (i < count * (size_t)(c + 1) / (size_t)n)
+			return c;
+	}
+	return n - 1;
+}
+
+/* The allreduce's reference: direct folds from rank 0, the ring part c from rank c. */
+static void allreduce_reference(const struct dtype *d, enum tfab_op op, bool ring, int n,
+				size_t count, void *out)
+{
+	for (size_t i = 0; i < count; i++)
+		reduce_one(d, op, n, ring ? part_of(count, n, i) : 0, i, out, i);
+}
+
+static DLTensor tensor_of(const struct dtype *d, void *data, int64_t *shape)
+{
+	return (DLTensor){
+	    .data = data, .device = {kDLCPU, 0}, .ndim = 1, .dtype = d->dl, .shape = shape};
+}
+
+/* A rank's view of one collective it started. */
+struct job {
+	int status;	/* 1 while pending */
+	int done_order; /* when it called back, among this rank's */
+	atomic_int *order;
+};
+
+static void on_done(void *arg, int status)
+{
+	struct job *j = arg;
+
+	j->status = status;
+	j->done_order = atomic_fetch_add(j->order, 1);
+}
+
+static int wait_all(struct tfab_world *w, const char *what)
+{
+	int rc = tfab_world_wait(w, WAIT_MS);
+
+	if (rc)
+		printf("rank %d: %s: waiting: %s\n", tfab_world_rank(w), what, tfab_strerror(rc));
+	return rc ? 1 : 0;
+}
+
+/* First difference of a and b (elements of size es), printed; 0 if none. */
+static int compare(int rank, const char *what, const void *got, const void *want, size_t count,
+		   size_t es)
+{
+	for (size_t i = 0; i < count; i++) {
+		const unsigned char *g = (const unsigned char *)got + i * es;
+		const unsigned char *x = (const unsigned char *)want + i * es;
+
+		if (memcmp(g, x, es) != 0) {
+			uint64_t gv = 0, xv = 0;
+
+			memcpy(&gv, g, es);
+			memcpy(&xv, x, es);
+			printf("rank %d: %s: element %zu of %zu is %#" PRIx64 ", not %#" PRIx64
+			       "\n",
+			       rank, what, i, count, gv, xv);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+struct case_ar {
+	const struct dtype *d;
+	enum tfab_op op;
+	enum tfab_coll_algo algo;
+	size_t count;
+	bool in_place;
+	void *in, *out;
+	int64_t shape;
+	struct job job;
+};
+
+/* Every operation and both algorithms for one dtype, all in flight at once. */
+static int allreduce_dtype(struct tfab_world *w, const struct dtype *d)
+{
+	static const size_t counts[] = {1, 5, 1031, 70001};
+	enum { NC = 4 * 2 * (sizeof(counts) / sizeof(counts[0])) };
+	struct case_ar cs[NC];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, ncase = 0;
+	atomic_int order = 0;
+
+	for (int op = 0; op < 4; op++) {
+		for (int a = 1; a <= 2; a++) {
+			for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+				struct case_ar *c = &cs[ncase++];
+				struct tfab_coll_opts o = {.algo = (enum tfab_coll_algo)a};
+				DLTensor tin, tout;
+				int rc;
+
+				*c = (struct case_ar){.d = d,
+						      .op = (enum tfab_op)op,
+						      .algo = o.algo,
+						      .count = counts[ci],
+						      .in_place = (op + (int)ci) % 2 == 0,
+						      .shape = (int64_t)counts[ci],
+						      .job = {1, -1, &order}};
+				c->in = malloc(c->count * d->size);
+				c->out = c->in_place ? c->in : malloc(c->count * d->size);
+				fill(d, c->in, rank, 0, c->count);
+				tin = tensor_of(d, c->in, &c->shape);
+				tout = tensor_of(d, c->out, &c->shape);
+				rc = tfab_allreduce(w, &tin, &tout, c->op, &o, on_done, &c->job);
+				if (rc) {
+					printf("rank %d: allreduce %s %s: %s\n", rank, d->name,
+					       OP_NAMES[op], tfab_strerror(rc));
+					return 1;
+				}
+			}
+		}
+	}
+	bad |= wait_all(w, "allreduce");
+	for (int i = 0; i < ncase; i++) {
+		struct case_ar *c = &cs[i];
+		void *want = malloc(c->count * d->size);
+		char what[128];
+
+		snprintf(what, sizeof(what), "allreduce %s %s %s of %zu%s", d->name,
+			 OP_NAMES[c->op], c->algo == TFAB_ALGO_RING ? "ring" : "direct", c->count,
+			 c->in_place ? " in place" : "");
+		allreduce_reference(d, c->op, c->algo == TFAB_ALGO_RING, n, c->count, want);
+		if (c->job.status) {
+			printf("rank %d: %s: %s\n", rank, what, tfab_strerror(c->job.status));
+			bad = 1;
+		} else {
+			bad |= compare(rank, what, c->out, want, c->count, d->size);
+		}
+		free(want);
+		if (!c->in_place)
+			free(c->out);
+		free(c->in);
+	}
+	return bad;
+}
+
+/* A large allreduce started first, then small ones: the small ones end before it. */
+static int out_of_order(struct tfab_world *w)
+{
+	const struct dtype *d = &DTYPES[0];
+	enum { SMALL = 6 };
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+	int64_t big_n = 1 << 21, one = 3;
+	float *big = malloc((size_t)big_n * 4), small[SMALL][3], want[3];
+	atomic_int order = 0;
+	struct job jobs[SMALL + 1];
+	DLTensor t = tensor_of(d, big, &big_n);
+	float *want_big = malloc((size_t)big_n * 4);
+
+	fill(d, big, rank, 0, (size_t)big_n);
+	for (int i = 0; i <= SMALL; i++)
+		jobs[i] = (struct job){1, -1, &order};
+	if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, on_done, &jobs[0]))
+		return 1;
+	for (int i = 0; i < SMALL; i++) {
+		DLTensor s = tensor_of(d, small[i], &one);
+
+		fill(d, small[i], rank, 0, 3);
+		if (tfab_allreduce(w, &s, &s, TFAB_OP_SUM, NULL, on_done, &jobs[i + 1]))
+			return 1;
+	}
+	bad |= wait_all(w, "out of order");
+	allreduce_reference(d, TFAB_OP_SUM, true, n, (size_t)big_n, want_big);
+	allreduce_reference(d, TFAB_OP_SUM, false, n, 3, want);
+	for (int i = 0; i <= SMALL; i++) {
+		if (jobs[i].status) {
+			printf("rank %d: out of order, allreduce %d: %s\n", rank, i,
+			       tfab_strerror(jobs[i].status));
+			bad = 1;
+		}
+	}
+	bad |= compare(rank, "out of order, the large one", big, want_big, (size_t)big_n, 4);
+	for (int i = 0; i < SMALL; i++)
+		bad |= compare(rank, "out of order, a small one", small[i], want, 3, 4);
+	if (jobs[0].done_order == 0) {
+		printf("rank %d: the 8 MiB allreduce started first ended first: not out of order\n",
+		       rank);
+		bad = 1;
+	}
+	free(big);
+	free(want_big);
+	return bad;
+}
+
+static uint8_t byte_of(int r, size_t i)
+{
+	return (uint8_t)(r * 31 + i * 7 + (i >> 8));
+}
+
+static int broadcast(struct tfab_world *w)
+{
+	static const size_t sizes[] = {1, 100, 300001};
+	const struct dtype u8 = {"uint8", K_I32, {kDLUInt, 8, 1}, 1};
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		for (int root = 0; root<n; root += n - 1> 0 ? n - 1 : 1) {
+			int64_t shape = (int64_t)sizes[si];
+			uint8_t *b = calloc(sizes[si], 1);
+			DLTensor t = tensor_of(&u8, b, &shape);
+			atomic_int order = 0;
+			struct job j = {1, -1, &order};
+
+			for (size_t i = 0; rank == root && i < sizes[si]; i++)
+				b[i] = byte_of(root, i);
+			if (tfab_broadcast(w, &t, root, on_done, &j) || wait_all(w, "broadcast"))
+				return 1;
+			for (size_t i = 0; i < sizes[si] && !j.status; i++) {
+				if (b[i] != byte_of(root, i)) {
+					printf("rank %d: broadcast of %zu from %d: byte %zu is %u, "
+					       "not "
+					       "%u\n",
+					       rank, sizes[si], root, i, b[i], byte_of(root, i));
+					bad = 1;
+					break;
+				}
+			}
+			if (j.status) {
+				printf("rank %d: broadcast: %s\n", rank, tfab_strerror(j.status));
+				bad = 1;
+			}
+			free(b);
+			if (n == 1)
+				break;
+		}
+	}
+	return bad;
+}
+
+static int allgather(struct tfab_world *w)
+{
+	static const size_t counts[] = {1, 1000, 70001};
+	const struct dtype *d = &DTYPES[4];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+
+	for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+		for (int in_place = 0; in_place < 2; in_place++) {
+			size_t m = counts[ci];
+			int64_t sin = (int64_t)m, sout = (int64_t)m * n;
+			int32_t *out = calloc(m * (size_t)n, 4), *want = malloc(m * (size_t)n * 4);
+			int32_t *in = in_place ? out + m * (size_t)rank : malloc(m * 4);
+			DLTensor tin = tensor_of(d, in, &sin), tout = tensor_of(d, out, &sout);
+			atomic_int order = 0;
+			struct job j = {1, -1, &order};
+			char what[64];
+
+			fill(d, in, rank, 0, m);
+			for (int k = 0; k < n; k++)
+				fill(d, want + m * (size_t)k, k, 0, m);
+			if (tfab_allgather(w, &tin, &tout, on_done, &j) || wait_all(w, "allgather"))
+				return 1;
+			snprintf(what, sizeof(what), "allgather of %zu%s", m,
+				 in_place ? " in place" : "");
+			if (j.status) {
+				printf("rank %d: %s: %s\n", rank, what, tfab_strerror(j.status));
+				bad = 1;
+			} else {
+				bad |= compare(rank, what, out, want, m * (size_t)n, 4);
+			}
+			if (!in_place)
+				free(in);
+			free(out);
+			free(want);
+		}
+	}
+	return bad;
+}
+
+static int reduce_scatter(struct tfab_world *w)
+{
+	static const size_t counts[] = {1, 777, 40000};
+	static const int dts[] = {0, 5, 2};
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+
+	for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+		for (int di = 0; di < 3; di++) {
+			for (int op = 0; op < 4; op += 1 + di) {
+				const struct dtype *d = &DTYPES[dts[di]];
+				size_t m = counts[ci];
+				int64_t sin = (int64_t)m * n, sout = (int64_t)m;
+				void *in = malloc(m * (size_t)n * d->size),
+				     *out = malloc(m * d->size);
+				void *want = malloc(m * d->size);
+				DLTensor tin = tensor_of(d, in, &sin),
+					 tout = tensor_of(d, out, &sout);
+				atomic_int order = 0;
+				struct job j = {1, -1, &order};
+				char what[96];
+
+				fill(d, in, rank, 0, m * (size_t)n);
+				/* part c folds from rank c + 1 around to rank c */
+				for (size_t i = 0; i < m; i++)
+					reduce_one(d, (enum tfab_op)op, n, (rank + 1) % n,
+						   m * (size_t)rank + i, want, i);
+				if (tfab_reduce_scatter(w, &tin, &tout, (enum tfab_op)op, on_done,
+							&j) ||
+				    wait_all(w, "reduce_scatter"))
+					return 1;
+				snprintf(what, sizeof(what), "reduce_scatter %s %s of %zu", d->name,
+					 OP_NAMES[op], m);
+				if (j.status) {
+					printf("rank %d: %s: %s\n", rank, what,
+					       tfab_strerror(j.status));
+					bad = 1;
+				} else {
+					bad |= compare(rank, what, out, want, m, d->size);
+				}
+				free(in);
+				free(out);
+				free(want);
+			}
+		}
+	}
+	return bad;
+}
+
+/* Shared by the threads: who has entered the barrier. */
+static atomic_int entered[64];
+
+static int barrier(struct tfab_world *w)
+{
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+	atomic_int order = 0;
+	struct job j = {1, -1, &order};
+
+	usleep((useconds_t)rank * 30000);
+	atomic_store(&entered[rank], 1);
+	if (tfab_barrier(w, on_done, &j) || wait_all(w, "barrier"))
+		return 1;
+	for (int k = 0; k < n && k < 64; k++) {
+		if (!atomic_load(&entered[k])) {
+			printf("rank %d: left the barrier before rank %d entered it\n", rank, k);
+			bad = 1;
+		}
+	}
+	if (j.status) {
+		printf("rank %d: barrier: %s\n", rank, tfab_strerror(j.status));
+		bad = 1;
+	}
+	return bad;
+}
+
+static int called_back;
+
+static void must_not_call(void *arg, int status)
+{
+	(void)arg;
+	(void)status;
+	called_back = 1;
+}
+
+/* Calls refused at once, with no callback; leaving with a collective in flight. */
+static int refused(struct tfab_world *w)
+{
+	const struct dtype *d = &DTYPES[0];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, rc;
+	float a[4] = {0}, b[4] = {0};
+	uint8_t u[4] = {0};
+	int64_t four = 4, three = 3;
+	DLTensor ta = tensor_of(d, a, &four), tb = tensor_of(d, b, &three);
+	DLTensor tu = {
+	    .data = u, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &four};
+	atomic_int order = 0;
+	struct job j = {1, -1, &order};
+	struct {
+		const char *what;
+		int rc;
+	} cases[] = {
+	    {"sizes that differ",
+	     tfab_allreduce(w, &ta, &tb, TFAB_OP_SUM, NULL, must_not_call, NULL)},
+	    {"uint8, which allreduce does not reduce",
+	     tfab_allreduce(w, &tu, &tu, TFAB_OP_SUM, NULL, must_not_call, NULL)},
+	    {"an unknown operation",
+	     tfab_allreduce(w, &ta, &ta, (enum tfab_op)9, NULL, must_not_call, NULL)},
+	    {"no callback", tfab_allreduce(w, &ta, &ta, TFAB_OP_SUM, NULL, NULL, NULL)},
+	    {"a root out of the world", tfab_broadcast(w, &ta, n, must_not_call, NULL)},
+	    {"an allgather whose out is not size times in",
+	     tfab_allgather(w, &ta, &ta, must_not_call, NULL)},
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (cases[i].rc != -EINVAL && !(n == 1 && i == 5)) {
+			printf("rank %d: %s: %s, not EINVAL\n", rank, cases[i].what,
+			       tfab_strerror(cases[i].rc));
+			bad = 1;
+		}
+	}
+	/* Rank 0 alone in a barrier: leaving the world must wait for it. */
+	if (rank == 0 && n > 1) {
+		if (tfab_barrier(w, on_done, &j))
+			return 1;
+		rc = tfab_world_leave(w);
+		if (rc != -EBUSY) {
+			printf("rank 0: leaving with a barrier in flight: %s, not EBUSY\n",
+			       tfab_strerror(rc));
+			return 1;
+		}
+		if (tfab_world_wait(w, 0) != -ETIMEDOUT) {
+			printf("rank 0: a barrier no other rank entered ended\n");
+			bad = 1;
+		}
+	}
+	usleep(100000);
+	if (rank != 0 && tfab_barrier(w, on_done, &j))
+		return 1;
+	bad |= wait_all(w, "the barrier after the refusals");
+	if (j.status || called_back) {
+		printf("rank %d: %s\n", rank,
+		       called_back ? "a refused call called back" : tfab_strerror(j.status));
+		bad = 1;
+	}
+	return bad;
+}
+
+static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
+{
+	int bad = 0, rank = tfab_world_rank(w);
+
+	(void)ctx;
+	(void)arg;
+	for (size_t i = 0; i < NDTYPES; i++)
+		bad |= allreduce_dtype(w, &DTYPES[i]);
+	if (rank == 0)
+		printf("allreduce: %s\n", bad ? "FAILED" : "ok");
+	bad |= out_of_order(w);
+	bad |= broadcast(w);
+	bad |= allgather(w);
+	bad |= reduce_scatter(w);
+	bad |= barrier(w);
+	bad |= refused(w);
+	if (rank == 0)
+		printf("rank 0: %s\n", bad ? "FAILED" : "every collective right");
+	return bad;
+}
+
+/* One rank of a world from the environment: allreduce after allreduce, checked. */
+static int run_env(long iters)
+{
+	const struct dtype *d = &DTYPES[0];
+	int64_t count = 1 << 20;
+	struct tfab_context *ctx;
+	struct tfab_world *w;
+	float *in = malloc((size_t)count * 4), *out = malloc((size_t)count * 4);
+	float *want = malloc((size_t)count * 4);
+	int rc = tfab_context_create(&ctx);
+
+	if (rc) {
+		printf("context: %s\n", tfab_strerror(rc));
+		return 1;
+	}
+	rc = tfab_world_join(ctx, NULL, &w);
+	if (rc) {
+		printf("JOIN_FAILED status=%s\n", ranks_status_name(rc));
+		tfab_context_destroy(ctx);
+		return 3;
+	}
+	printf("JOINED rank=%d size=%d\n", tfab_world_rank(w), tfab_world_size(w));
+	fill(d, in, tfab_world_rank(w), 0, (size_t)count);
+	allreduce_reference(d, TFAB_OP_SUM, true, tfab_world_size(w), (size_t)count, want);
+	for (long it = 0; iters < 0 || it < iters; it++) {
+		DLTensor ti = tensor_of(d, in, &count), to = tensor_of(d, out, &count);
+		struct tfab_coll_opts o = {.algo = TFAB_ALGO_RING};
+		atomic_int order = 0;
+		struct job j = {1, -1, &order};
+
+		memset(out, 0, (size_t)count * 4);
+		rc = tfab_allreduce(w, &ti, &to, TFAB_OP_SUM, &o, on_done, &j);
+		if (rc == 0)
+			rc = tfab_world_wait(w, -1);
+		if (rc == 0)
+			rc = j.status;
+		if (rc) {
+			printf("COLL_FAILED status=%s at_ms=%" PRIu64 "\n", ranks_status_name(rc),
+			       now_ms());
+			rc = 4;
+			break;
+		}
+		if (compare(tfab_world_rank(w), "allreduce", out, want, (size_t)count, 4)) {
+			rc = 1;
+			break;
+		}
+		printf("ITER %ld\n", it);
+	}
+	if (tfab_world_leave(w))
+		rc = 1;
+	tfab_context_destroy(ctx);
+	free(in);
+	free(out);
+	free(want);
+	if (rc == 0)
+		printf("OK\n");
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 3 && strcmp(argv[1], "threads") == 0) {
+		int rc = ranks_run_threads(atoi(argv[2]), WAIT_MS, thread_body, NULL);
+
+		if (rc == 0)
+			printf("OK\n");
+		return rc;
+	}
+	if (argc >= 2 && strcmp(argv[1], "env") == 0)
+		return run_env(argc == 3 ? atol(argv[2]) : -1);
+	fprintf(stderr, "usage: %s threads N | env [ITERS]\n", argv[0]);
+	return 2;
+}
