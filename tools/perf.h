@@ -15,10 +15,14 @@
 
 #define PERF_MAX_SIZES 32
 
-enum { PERF_RAW = 1, PERF_TENSOR = 2, PERF_MEMCPY = 4 };
+enum { PERF_RAW = 1, PERF_TENSOR = 2, PERF_MEMCPY = 4, PERF_ALLREDUCE = 8 };
+
+/* The most ranks tfab-perf allreduce starts. */
+#define PERF_MAX_RANKS 64
 
 struct perf_opts {
-	unsigned tests; /* PERF_MEMCPY | PERF_RAW | PERF_TENSOR */
+	unsigned tests; /* PERF_MEMCPY | PERF_RAW | PERF_TENSOR, or PERF_ALLREDUCE alone */
+	int ranks;	/* allreduce: local ranks to start */
 	size_t sizes[PERF_MAX_SIZES];
 	int nsizes;
 	unsigned iters;	 /* 0: chosen per size */
@@ -94,6 +98,12 @@ bool perf_check(const uint8_t *buf, size_t len, uint64_t seed);
  * found a copy unlike its source.
  */
 int perf_memcpy_run(const struct perf_opts *o);
+
+/*
+ * Runs the allreduce test: o->ranks local processes joining a world; rank 0 prints the rows.
+ * 0, or a status (-EIO: a rank failed, or --verify found a wrong result).
+ */
+int perf_allreduce_run(const struct perf_opts *o);
 
 /* Runs the tensor test over the engine; both sides call it. */
 int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o);

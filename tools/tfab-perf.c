@@ -79,7 +79,7 @@ static void usage(FILE *f)
 {
 	fprintf(
 	    f,
-	    "usage: tfab-perf [memcpy|raw|tensor|all] [options]\n"
+	    "usage: tfab-perf [memcpy|raw|tensor|all|allreduce] [options]\n"
 	    "  Measures bandwidth and latency between two processes:\n"
 	    "    memcpy   one thread copying between two buffers in one process: the bound of\n"
 	    "             a same-host transfer (no fabric, no second process)\n"
@@ -87,7 +87,11 @@ static void usage(FILE *f)
 	    "    tensor   whole tensors through the engine (request, meta-data, content write)\n"
 	    "    all      memcpy, raw, then tensor (the default)\n"
 	    "  A comma-separated list (memcpy,raw) runs those, always in the order above.\n"
-	    "  Without --listen/--connect it starts a local pair of processes itself.\n\n"
+	    "  Without --listen/--connect it starts a local pair of processes itself.\n"
+	    "    allreduce  --ranks N local processes in a world allreduce float32 (sum), as\n"
+	    "             nccl-tests reports it: algorithm, lat_us (one allreduce), algbw_GBps\n"
+	    "             (bytes / time) and busbw_GBps (algbw x 2(N-1)/N); sizes default\n"
+	    "             8,64,512,4K,32K,256K,1M,8M,64M; run alone\n\n"
 	    "  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
 	    "  -n, --iters N        transfers per size (default about 2 GiB per size, at least 32\n"
 	    "                       and at most 100000), after a tenth as many to warm up\n"
@@ -111,6 +115,7 @@ static void usage(FILE *f)
 	    "                       so senders write at once; the ping-pong then waits for a\n"
 	    "                       send's verdict D/2 + 2 rounds later; receives into library\n"
 	    "                       tensors only (not --heap-dst, --device cuda) (default off)\n"
+	    "      --ranks N        allreduce: local ranks to start (default 4, at most 64)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
 	    "      --json           one JSON object per size (default: a table)\n"
 	    "      --listen PORT    be the server, on this TCP port (default: a local pair)\n"
@@ -123,7 +128,8 @@ static void usage(FILE *f)
 	    "writes of\n"
 	    "both sides per tensor fetch, over the size's fetches). memcpy rows have\n"
 	    "backend memcpy, window 1 and lat_us the time of one copy; -n, -s and --verify\n"
-	    "apply to them, the fabric's options do not.\n");
+	    "apply to them, the fabric's options do not. allreduce objects have test, path,\n"
+	    "algo, bytes, ranks, iters, lat_us, algbw_GBps, busbw_GBps and verified.\n");
 }
 
 static int parse_sizes(const char *text, struct perf_opts *o)
@@ -154,10 +160,9 @@ static int parse_tests(const char *text, unsigned *tests_p)
 		const char *name;
 		unsigned tests;
 	} names[] = {
-	    {"memcpy", PERF_MEMCPY},
-	    {"raw", PERF_RAW},
-	    {"tensor", PERF_TENSOR},
-	    {"all", PERF_MEMCPY | PERF_RAW | PERF_TENSOR},
+	    {"memcpy", PERF_MEMCPY},	   {"raw", PERF_RAW},
+	    {"tensor", PERF_TENSOR},	   {"all", PERF_MEMCPY | PERF_RAW | PERF_TENSOR},
+	    {"allreduce", PERF_ALLREDUCE},
 	};
 	const char *p = text;
 	unsigned tests = 0;
@@ -170,10 +175,10 @@ static int parse_tests(const char *text, unsigned *tests_p)
 			if (strlen(names[i].name) == len && strncmp(p, names[i].name, len) == 0)
 				t = names[i].tests;
 		if (!t) {
-			fprintf(
-			    stderr,
-			    "tfab-perf: unknown test '%.*s' (tests: memcpy, raw, tensor, all)\n",
-			    (int)len, p);
+			fprintf(stderr,
+				"tfab-perf: unknown test '%.*s' (tests: memcpy, raw, tensor, all, "
+				"allreduce)\n",
+				(int)len, p);
 			return -EINVAL;
 		}
 		tests |= t;
@@ -195,7 +200,8 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 		OPT_CONNECT,
 		OPT_DEVICE,
 		OPT_HEAP_DST,
-		OPT_NO_REQUEST
+		OPT_NO_REQUEST,
+		OPT_RANKS
 	};
 	static const struct option longopts[] = {
 	    {"sizes", required_argument, NULL, 's'},
@@ -207,12 +213,14 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	    {"no-request", optional_argument, NULL, OPT_NO_REQUEST},
 	    {"device", required_argument, NULL, OPT_DEVICE},
 	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+	    {"ranks", required_argument, NULL, OPT_RANKS},
 	    {"json", no_argument, NULL, OPT_JSON},
 	    {"listen", required_argument, NULL, OPT_LISTEN},
 	    {"connect", required_argument, NULL, OPT_CONNECT},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	bool sizes_given = false;
 	uint64_t v;
 	int c;
 
@@ -222,6 +230,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	while ((c = getopt_long(argc, argv, "s:n:w:p:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's':
+			sizes_given = true;
 			if (parse_sizes(optarg, o)) {
 				fprintf(stderr, "tfab-perf: bad size list '%s'\n", optarg);
 				return 2;
@@ -258,6 +267,14 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			}
 			o->no_request = (unsigned)v;
 			break;
+		case OPT_RANKS:
+			if (tfab__parse_size(optarg, &v) || v < 1 || v > PERF_MAX_RANKS) {
+				fprintf(stderr, "tfab-perf: bad rank count '%s' (1 to %d)\n",
+					optarg, PERF_MAX_RANKS);
+				return 2;
+			}
+			o->ranks = (int)v;
+			break;
 		case OPT_DEVICE:
 			if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0) {
 				fprintf(stderr, "tfab-perf: unknown device '%s' (cpu, cuda)\n",
@@ -289,6 +306,15 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 		usage(stderr);
 		return 2;
 	}
+	if ((o->tests & PERF_ALLREDUCE) &&
+	    (o->tests != PERF_ALLREDUCE || o->listen_port || o->connect_to || o->cuda)) {
+		fprintf(stderr, "tfab-perf: allreduce runs alone, with local ranks on the CPU\n");
+		return 2;
+	}
+	if (o->tests == PERF_ALLREDUCE && !sizes_given)
+		parse_sizes("8,64,512,4K,32K,256K,1M,8M,64M", o);
+	if (!o->ranks)
+		o->ranks = 4;
 	if (o->tests == PERF_MEMCPY && (o->listen_port || o->connect_to)) {
 		fprintf(stderr, "tfab-perf: memcpy runs in one process: --listen and --connect "
 				"need raw or tensor\n");
@@ -645,6 +671,12 @@ int main(int argc, char **argv)
 	/* memcpy alone: no settings, no provider, no pair. */
 	if (o.tests == PERF_MEMCPY)
 		return perf_memcpy_run(&o) ? 1 : 0;
+	/* allreduce: its ranks read their settings (and -p) from the environment. */
+	if (o.tests == PERF_ALLREDUCE) {
+		if (provider)
+			setenv("TFAB_PROVIDER", provider, 1);
+		return perf_allreduce_run(&o) ? 1 : 0;
+	}
 	if (tfab__config_init(&p.cfg, err, sizeof(err))) {
 		fprintf(stderr, "tfab-perf: %s\n", err);
 		return 1;

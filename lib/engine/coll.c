@@ -596,6 +596,14 @@ static void build_direct_allreduce(struct tfab_coll *c)
 	c->fold = true;
 }
 
+enum tfab_coll_algo tfab__coll_algo(const struct tfab_world *w, size_t nbytes, size_t count,
+				    enum tfab_coll_algo asked)
+{
+	if (asked != TFAB_ALGO_AUTO)
+		return asked;
+	return nbytes > w->small && count >= (size_t)w->size ? TFAB_ALGO_RING : TFAB_ALGO_DIRECT;
+}
+
 int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
 		   const struct tfab_coll_opts *opts, tfab_coll_cb cb, void *arg)
 {
@@ -628,8 +636,7 @@ int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum
 	}
 	esize = tfab__rtype_size(rt);
 	count = inb / esize;
-	ring = o.algo == TFAB_ALGO_RING ||
-	       (o.algo == TFAB_ALGO_AUTO && inb > w->small && count >= (size_t)w->size);
+	ring = tfab__coll_algo(w, inb, count, o.algo) == TFAB_ALGO_RING;
 	if (w->size > 1 && ring) {
 		P = pieces_of(w, (count + (size_t)w->size - 1) / (size_t)w->size * esize);
 		nops = P * 4 * ((uint32_t)w->size - 1);

@@ -246,9 +246,17 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	for (int round = 0; round < POLL_ROUNDS && !completed_here(ctx, fresh); round++) {
 		bool more = false;
 
-		/* After a batch that held messages back, no other: ctx->held has room for one. */
+		/*
+		 * After a batch that held messages back, no other: ctx->held has room for one. A
+		 * path no peer ever took has nothing to report: not polled (libfabric tcp's poll
+		 * is a system call, which a job of same-host peers would pay at every call).
+		 */
 		for (unsigned p = 0; p < ctx->npaths && !ctx->nheld; p++) {
-			int n = tfab_ep_poll(ctx->paths[p].ep, ev, POLL_EVENTS);
+			int n;
+
+			if (!ctx->paths[p].peers)
+				continue;
+			n = tfab_ep_poll(ctx->paths[p].ep, ev, POLL_EVENTS);
 
 			if (n < 0)
 				return n;

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <tfab/world.h>
@@ -38,6 +39,9 @@ struct tfab_world {
 };
 
 /* coll.c */
+/* The algorithm an allreduce of nbytes (count elements) takes when `asked` is given. */
+enum tfab_coll_algo tfab__coll_algo(const struct tfab_world *w, size_t nbytes, size_t count,
+				    enum tfab_coll_algo asked);
 int tfab__coll_init(struct tfab_world *w);
 /* -EBUSY while collectives are in flight (nothing done); else frees what they kept. */
 int tfab__coll_fini(struct tfab_world *w);
