@@ -232,6 +232,12 @@ struct tfab_stats {
 	 * malformed connection blobs. Each fails its peer (TFAB_ERR_PROTOCOL) where it is known.
 	 */
 	uint64_t refused;
+	/*
+	 * Collectives (doc/world.md): the bytes their sends put on the wire, and what those
+	 * bytes stand for (the same, but for a compressed allreduce's: its fp32 values).
+	 */
+	uint64_t coll_bytes_wire;
+	uint64_t coll_bytes_logical;
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

@@ -50,6 +50,9 @@ enum op_act {
 	ACT_REDUCE, /* buf = tensor op local; an average divides at the last */
 	ACT_ACCUM,  /* tensor = tensor op local, kept for the send that forwards it */
 	ACT_HOLD,   /* kept whole until the collective folds them (direct allreduce) */
+	/* Compressed allreduce (fp32): */
+	ACT_ZREDUCE, /* buf = local + decompressed tensor; the last finishes the part (zfinish) */
+	ACT_ZCOPY,   /* buf = decompressed tensor, kept for the send that forwards it */
 };
 
 enum op_state {
@@ -67,13 +70,22 @@ struct coll_op {
 	uint8_t nnext;
 	uint16_t ndeps; /* operations still to end before this one is posted */
 	uint32_t step, piece;
-	uint32_t next[2];      /* the operations that wait for this one */
-	int rank;	       /* the peer's */
-	int32_t from;	       /* OP_SEND: sends the tensor that receive `from` keeps (-1: buf) */
-	uint8_t *buf;	       /* OP_SEND: the bytes sent; OP_RECV_INTO: where they land;
+	uint32_t next[2];     /* the operations that wait for this one */
+	int rank;	      /* the peer's */
+	int32_t from;	      /* OP_SEND: sends the tensor that receive `from` keeps (-1: buf) */
+	uint8_t *buf;	      /* OP_SEND: the bytes sent; OP_RECV_INTO: where they land;
 			     ACT_REDUCE: where the result goes */
-	const uint8_t *local;  /* ACT_REDUCE, ACT_ACCUM: this rank's operand */
-	size_t len;	       /* bytes */
+	const uint8_t *local; /* ACT_REDUCE, ACT_ACCUM: this rank's operand */
+	size_t len;	      /* bytes */
+	/*
+	 * Compression: a send with zsrc compresses its nelem values (plus resid, the error
+	 * feedback of this range) into buf just before it is posted; ACT_ZREDUCE's last
+	 * compresses the finished part into zdst (the owner's send) and takes it back.
+	 */
+	size_t nelem;
+	const float *zsrc;
+	float *resid;
+	uint8_t *zdst;
 	DLManagedTensor *held; /* OP_RECV_POOL: its tensor, while it is needed */
 	int64_t shape;	       /* of view */
 	DLTensor view;	       /* what is sent or received: len bytes */
@@ -93,6 +105,9 @@ struct tfab_coll {
 	int status; /* the first failure */
 	bool draining;
 	bool fold; /* direct allreduce: reduce the kept tensors in rank order at the end */
+	enum tfab_compress compress;
+	void *zbuf; /* compressed allreduce: a pool block holding every piece it sends */
+	uint64_t bytes_logical, bytes_wire; /* of its sends */
 	uint8_t *out;
 	const uint8_t *in;
 	size_t nbytes;
@@ -184,6 +199,8 @@ static void coll_free(struct tfab_coll *c)
 		if (c->ops[i].held)
 			c->ops[i].held->deleter(c->ops[i].held);
 	}
+	if (c->zbuf)
+		tfab__pool_free(c->w->ctx->pool, c->zbuf);
 	free(c->ops);
 	free(c->ready);
 	free(c);
@@ -306,6 +323,20 @@ static void op_act(struct tfab_coll *c, struct coll_op *op, void *data)
 	case ACT_ACCUM:
 		tfab__reduce(c->op, c->rt, data, data, op->local, n);
 		break;
+	case ACT_ZREDUCE:
+		tfab__decompress_add(c->compress, (float *)op->buf, (const float *)op->local, data,
+				     op->nelem);
+		if (!op->last)
+			break;
+		/* this rank's part is whole: what it sends on, and keeps, is its compression */
+		if (c->op == TFAB_OP_AVG)
+			tfab__reduce_div(c->rt, op->buf, op->nelem, c->w->size);
+		tfab__compress(c->compress, op->zdst, (const float *)op->buf, op->resid, op->nelem);
+		tfab__decompress_add(c->compress, (float *)op->buf, NULL, op->zdst, op->nelem);
+		break;
+	case ACT_ZCOPY:
+		tfab__decompress_add(c->compress, (float *)op->buf, NULL, data, op->nelem);
+		break;
 	default:
 		break;
 	}
@@ -323,7 +354,8 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 		op_act(c, op, t->dl_tensor.data);
 	pthread_mutex_lock(&w->coll_lock);
 	if (status == 0 && t && op->kind == OP_RECV_POOL &&
-	    (op->act == ACT_ACCUM || op->act == ACT_HOLD) && !c->draining) {
+	    (op->act == ACT_ACCUM || op->act == ACT_HOLD || (op->act == ACT_ZCOPY && op->nnext)) &&
+	    !c->draining) {
 		op->held = t;
 		t = NULL;
 	}
@@ -358,6 +390,12 @@ static int op_post(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t 
 			      .dtype = BYTES,
 			      .shape = &op->shape};
 	if (op->kind == OP_SEND) {
+		if (!drain && op->zsrc)
+			tfab__compress(c->compress, src, op->zsrc, op->resid, op->nelem);
+		if (!drain) {
+			c->bytes_wire += op->len;
+			c->bytes_logical += c->compress ? op->nelem * 4 : op->len;
+		}
 		if (drain) {
 			op->view.data = &none;
 			return tfab_send_to(ctx, peer, key, c->step, &op->view, true, on_dead_sent,
@@ -456,6 +494,16 @@ static void drive(struct tfab_world *w)
 			if (c->status)
 				TFAB_DEBUG(SUBSYS, "rank %d: %s %" PRIu64 " ended: %s", w->rank,
 					   c->what, c->seq, tfab_strerror(c->status));
+			/*
+			 * The verdicts of its receives go now, not with the next write or call: the
+			 * application may compute for a while before its next call, and the ranks
+			 * that sent to this one are waiting for them.
+			 */
+			tfab__ctx_lock(w->ctx);
+			w->ctx->stats.coll_bytes_wire += c->bytes_wire;
+			w->ctx->stats.coll_bytes_logical += c->bytes_logical;
+			tfab__peers_flush(w->ctx, false);
+			tfab__ctx_unlock(w->ctx);
 			c->cb(c->arg, c->status);
 			coll_free(c);
 			pthread_mutex_lock(&w->coll_lock);
@@ -581,6 +629,151 @@ static void build_ring_allreduce(struct tfab_coll *c, size_t count, uint32_t P)
 	}
 }
 
+/*
+ * The compressed ring (fp32): the same schedule, but every piece travels compressed. Each
+ * rank compresses every part once: part rank - s at S[s] (from its input, then from what it
+ * reduced) and its own whole part rank + 1 at R[N-2], which also takes that part back from
+ * its compression so that every rank ends with the same bits; each compression adds the error
+ * the last one of the same range left (resid, with opts.key). Receives land compressed in
+ * pool blocks: R[s] adds the decompressed piece to this rank's, A[s] decompresses it into out
+ * and keeps it for G[s+1], which forwards those same bytes.
+ */
+static void build_ring_zallreduce(struct tfab_coll *c, size_t count, uint32_t P, float *resid,
+				  const size_t *zoff)
+{
+	struct tfab_world *w = c->w;
+	int N = w->size, r = w->rank, next = mod(r + 1, N), prev = mod(r - 1, N);
+	uint32_t k = (uint32_t)N - 1;
+	uint8_t *zb = c->zbuf;
+
+	for (uint32_t p = 0; p < P; p++) {
+		uint32_t base = p * 4 * k;
+
+		for (uint32_t s = 0; s < k; s++) {
+			size_t st, en, off, len, n;
+			int pc;
+			struct coll_op *op;
+
+			pc = mod(r - (int)s, N);
+			part(count, N, pc, &st, &en);
+			piece(st, en, p, P, 4, &off, &len);
+			n = len / 4;
+			op = op_set(c, base + s, OP_SEND, next, 'r', s, p,
+				    zb + zoff[(size_t)pc * P + p],
+				    tfab__compressed_size(c->compress, n));
+			op->zsrc = (const float *)((s == 0 ? c->in : c->out) + off);
+			op->nelem = n;
+			op->resid = resid ? resid + off / 4 : NULL;
+
+			pc = mod(r - (int)s - 1, N);
+			part(count, N, pc, &st, &en);
+			piece(st, en, p, P, 4, &off, &len);
+			n = len / 4;
+			op = op_set(c, base + k + s, OP_RECV_POOL, prev, 'r', s, p, c->out + off,
+				    tfab__compressed_size(c->compress, n));
+			op->act = ACT_ZREDUCE;
+			op->local = c->in + off;
+			op->nelem = n;
+			op->last = s == k - 1;
+			op->zdst = zb + zoff[(size_t)pc * P + p];
+			op->resid = resid ? resid + off / 4 : NULL;
+
+			pc = mod(r + 1 - (int)s, N);
+			part(count, N, pc, &st, &en);
+			piece(st, en, p, P, 4, &off, &len);
+			n = len / 4;
+			op = op_set(c, base + 2 * k + s, OP_SEND, next, 'g', s, p,
+				    zb + zoff[(size_t)pc * P + p],
+				    tfab__compressed_size(c->compress, n));
+			op->nelem = n;
+			if (s > 0)
+				op->from = (int32_t)(base + 3 * k + s - 1);
+
+			pc = mod(r - (int)s, N);
+			part(count, N, pc, &st, &en);
+			piece(st, en, p, P, 4, &off, &len);
+			n = len / 4;
+			op = op_set(c, base + 3 * k + s, OP_RECV_POOL, prev, 'g', s, p,
+				    c->out + off, tfab__compressed_size(c->compress, n));
+			op->act = ACT_ZCOPY;
+			op->nelem = n;
+		}
+		for (uint32_t s = 0; s < k; s++) {
+			if (s > 0) {
+				op_after(c, base + k + s - 1, base + k + s); /* R[s-1] -> R[s] */
+				op_after(c, base + k + s - 1, base + s);     /* R[s-1] -> S[s] */
+				op_after(c, base + 3 * k + s - 1, base + 2 * k + s); /* A -> G */
+			}
+			op_after(c, base + s, base + 3 * k + s); /* S[s] -> A[s] */
+		}
+		op_after(c, base + 2 * k - 1, base + 2 * k); /* R[N-2] -> G[0] */
+	}
+}
+
+/*
+ * Where each piece's compression goes in one block: offsets zoff[c * P + p] for part c of N
+ * and piece p of P; the block's size in *total_p. NULL without memory.
+ */
+static size_t *zlayout(enum tfab_compress how, size_t count, int N, uint32_t P, size_t *total_p)
+{
+	size_t *zoff = calloc((size_t)N * P, sizeof(*zoff)), total = 0;
+
+	for (int pc = 0; zoff && pc < N; pc++) {
+		size_t st, en;
+
+		part(count, N, pc, &st, &en);
+		for (uint32_t p = 0; p < P; p++) {
+			size_t off, len;
+
+			piece(st, en, p, P, 4, &off, &len);
+			zoff[(size_t)pc * P + p] = total;
+			total += (tfab__compressed_size(how, len / 4) + 63) & ~(size_t)63;
+		}
+	}
+	*total_p = total;
+	return zoff;
+}
+
+/* A rank's error feedback for the tensor named key: count floats, zero at first. */
+struct residual {
+	struct tfab_hnode node; /* w->residuals: freed whole with the table */
+	size_t count;
+	const char *key; /* after the values, in the same allocation */
+	float r[];
+};
+
+static float *residual_of(struct tfab_world *w, const char *key, size_t count)
+{
+	uint64_t h = tfab__hash_bytes(key, strlen(key), 0);
+	struct residual *e;
+
+	for (struct tfab_hnode *n = tfab__htable_first(&w->residuals, h); n;
+	     n = tfab__htable_next(n, h)) {
+		e = tfab_container_of(n, struct residual, node);
+		if (strcmp(e->key, key) != 0)
+			continue;
+		if (e->count == count)
+			return e->r;
+		TFAB_DEBUG(SUBSYS, "error feedback of '%s': %zu values now, %zu before: reset", key,
+			   count, e->count);
+		tfab__htable_remove(&w->residuals, n);
+		free(e);
+		break;
+	}
+	if (count > (SIZE_MAX - sizeof(*e) - strlen(key) - 1) / sizeof(float))
+		return NULL;
+	e = calloc(1, sizeof(*e) + count * sizeof(float) + strlen(key) + 1);
+	if (!e)
+		return NULL;
+	e->count = count;
+	e->key = strcpy((char *)(e->r + count), key);
+	if (tfab__htable_insert(&w->residuals, &e->node, h)) {
+		free(e);
+		return NULL;
+	}
+	return e->r;
+}
+
 /* The direct allreduce: to every other rank the whole input, and from each its own. */
 static void build_direct_allreduce(struct tfab_coll *c)
 {
@@ -594,6 +787,32 @@ static void build_direct_allreduce(struct tfab_coll *c)
 		op_set(c, i++, OP_RECV_POOL, k, 'd', 0, 0, NULL, c->nbytes)->act = ACT_HOLD;
 	}
 	c->fold = true;
+}
+
+/* A compressed ring's block of compressed pieces, its error feedback and its schedule. */
+static int zallreduce(struct tfab_coll *c, size_t count, uint32_t P, const char *key)
+{
+	struct tfab_world *w = c->w;
+	struct tfab_context *ctx = w->ctx;
+	size_t total, *zoff = zlayout(c->compress, count, w->size, P, &total);
+	float *resid = NULL;
+	int rc;
+
+	if (!zoff)
+		return -ENOMEM;
+	tfab__ctx_lock(ctx);
+	rc = tfab__pool_alloc(ctx->pool, 0, total, &c->zbuf, NULL);
+	tfab__ctx_unlock(ctx);
+	if (rc == 0 && key) {
+		pthread_mutex_lock(&w->coll_lock);
+		resid = residual_of(w, key, count);
+		pthread_mutex_unlock(&w->coll_lock);
+		rc = resid ? 0 : -ENOMEM;
+	}
+	if (rc == 0)
+		build_ring_zallreduce(c, count, P, resid, zoff);
+	free(zoff);
+	return rc;
 }
 
 enum tfab_coll_algo tfab__coll_algo(const struct tfab_world *w, size_t nbytes, size_t count,
@@ -627,15 +846,25 @@ int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum
 	if (rc == 0)
 		rc = tfab__rtype_of(in->dtype, &rt);
 	if (rc == 0 && ((unsigned)op > TFAB_OP_MAX || (unsigned)o.algo > TFAB_ALGO_RING ||
-			o.compress != TFAB_COMPRESS_NONE))
+			(unsigned)o.compress > TFAB_COMPRESS_INT8))
+		rc = -EINVAL;
+	if (rc == 0 && o.compress &&
+	    (rt != TFAB_RT_F32 || (op != TFAB_OP_SUM && op != TFAB_OP_AVG) ||
+	     o.algo == TFAB_ALGO_DIRECT))
 		rc = -EINVAL;
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "allreduce: a bad argument (tensors of one supported dtype "
-				   "and size on the CPU, a known operation and algorithm)");
+				   "and size on the CPU, a known operation and algorithm; "
+				   "compression of fp32 sums and averages on the ring only)");
 		return rc;
 	}
 	esize = tfab__rtype_size(rt);
 	count = inb / esize;
+	/* compression asks for the ring, which a tensor of fewer values than ranks cannot take */
+	if (o.compress && count >= (size_t)w->size)
+		o.algo = TFAB_ALGO_RING;
+	else
+		o.compress = TFAB_COMPRESS_NONE;
 	ring = tfab__coll_algo(w, inb, count, o.algo) == TFAB_ALGO_RING;
 	if (w->size > 1 && ring) {
 		P = pieces_of(w, (count + (size_t)w->size - 1) / (size_t)w->size * esize);
@@ -652,12 +881,20 @@ int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum
 	c->in = ib;
 	c->out = ob;
 	c->nbytes = inb;
-	if (w->size == 1 && ib != ob)
+	c->compress = w->size > 1 ? o.compress : TFAB_COMPRESS_NONE;
+	if (c->compress) {
+		rc = zallreduce(c, count, P, o.key);
+		if (rc) {
+			coll_free(c);
+			return rc;
+		}
+	} else if (w->size == 1 && ib != ob) {
 		memmove(ob, ib, inb);
-	else if (w->size > 1 && ring)
+	} else if (w->size > 1 && ring) {
 		build_ring_allreduce(c, count, P);
-	else if (w->size > 1)
+	} else if (w->size > 1) {
 		build_direct_allreduce(c);
+	}
 	coll_start(c);
 	return 0;
 }

@@ -241,15 +241,23 @@ size_t tfab__compressed_size(enum tfab_compress how, size_t n)
 	}
 }
 
-static void int8_compress(uint8_t *dst, const float *src, size_t n)
+/* With resid: src + resid is quantized, and resid keeps what quantizing lost. */
+static void int8_compress(uint8_t *dst, const float *src, float *resid, size_t n)
 {
 	for (size_t b = 0; b < n; b += TFAB_INT8_BLOCK) {
 		size_t len = n - b < TFAB_INT8_BLOCK ? n - b : TFAB_INT8_BLOCK;
+		const float *x = src + b;
+		float *e = resid ? resid + b : NULL;
 		int8_t *q = (int8_t *)(dst + 4);
 		float m = 0.0f, scale, inv;
 
+		if (e) {
+			for (size_t i = 0; i < len; i++)
+				e[i] += x[i]; /* the value to send, for now */
+			x = e;
+		}
 		for (size_t i = 0; i < len; i++) {
-			float v = fabsf(src[b + i]);
+			float v = fabsf(x[i]);
 
 			m = v > m ? v : m;
 		}
@@ -257,9 +265,12 @@ static void int8_compress(uint8_t *dst, const float *src, size_t n)
 		inv = scale > 0.0f ? 1.0f / scale : 0.0f;
 		memcpy(dst, &scale, 4);
 		for (size_t i = 0; i < len; i++) {
-			float v = rintf(src[b + i] * inv);
+			float v = rintf(x[i] * inv);
+			int8_t qi = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
 
-			q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
+			q[i] = qi;
+			if (e)
+				e[i] -= (float)qi * scale;
 		}
 		dst += 4 + len;
 	}
@@ -279,21 +290,31 @@ static void int8_decompress_add(float *dst, const float *a, const uint8_t *c, si
 	}
 }
 
-void tfab__compress(enum tfab_compress how, void *dst, const float *src, size_t n)
+/* One 16-bit conversion with error feedback: e becomes what the conversion lost. */
+#define COMPRESS_16(TO16, FROM16)                                     \
+	do {                                                          \
+		for (size_t i = 0; i < n; i++) {                      \
+			float v = src[i] + (resid ? resid[i] : 0.0f); \
+                                                                      \
+			h[i] = TO16(v);                               \
+			if (resid)                                    \
+				resid[i] = v - FROM16(h[i]);          \
+		}                                                     \
+	} while (0)
+
+void tfab__compress(enum tfab_compress how, void *dst, const float *src, float *resid, size_t n)
 {
 	uint16_t *h = dst;
 
 	switch (how) {
 	case TFAB_COMPRESS_FP16:
-		for (size_t i = 0; i < n; i++)
-			h[i] = tfab__f32_to_f16(src[i]);
+		COMPRESS_16(tfab__f32_to_f16, tfab__f16_to_f32);
 		break;
 	case TFAB_COMPRESS_BF16:
-		for (size_t i = 0; i < n; i++)
-			h[i] = tfab__f32_to_bf16(src[i]);
+		COMPRESS_16(tfab__f32_to_bf16, tfab__bf16_to_f32);
 		break;
 	case TFAB_COMPRESS_INT8:
-		int8_compress(dst, src, n);
+		int8_compress(dst, src, resid, n);
 		break;
 	default:
 		memmove(dst, src, 4 * n);

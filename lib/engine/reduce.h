@@ -52,7 +52,11 @@ uint16_t tfab__f32_to_bf16(float f);
  */
 #define TFAB_INT8_BLOCK 4096
 size_t tfab__compressed_size(enum tfab_compress how, size_t n);
-void tfab__compress(enum tfab_compress how, void *dst, const float *src, size_t n);
+/*
+ * With resid (error feedback): src + resid is compressed, and resid becomes what the
+ * compression lost of it, to be added to the next compression of the same values.
+ */
+void tfab__compress(enum tfab_compress how, void *dst, const float *src, float *resid, size_t n);
 void tfab__decompress_add(enum tfab_compress how, float *dst, const float *a, const void *c,
 			  size_t n);
 

@@ -81,8 +81,11 @@ static void *thread_main(void *arg)
 		printf("JOIN_FAILED status=%s\n", ranks_status_name(t->rc));
 	} else {
 		t->rc = t->body(ctx, w, t->arg);
-		if (tfab_world_leave(w))
+		if (tfab_world_leave(w)) {
+			/* collectives still in flight use the context: leave both (a failed run) */
 			t->rc = 1;
+			return NULL;
+		}
 	}
 	tfab_context_destroy(ctx);
 	return NULL;
