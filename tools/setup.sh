@@ -21,6 +21,8 @@ packages=(
 	qemu-system-x86 busybox-static ibverbs-utils kmod iproute2
 	# test/faults: test hosts from network namespaces, faults with nftables
 	nftables
+	# a world under mpirun (PMIx), and tools/bench's MPI_Allreduce reference
+	openmpi-bin libopenmpi-dev libpmix-dev
 )
 
 sudo=

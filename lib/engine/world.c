@@ -326,6 +326,98 @@ static int meet_by_allgather(struct tfab_world *w, const struct tfab_world_args 
 }
 
 /*
+ * Under mpirun: the job's PMIx server moves the records (put, fence, get), an allgather like
+ * any other; rank and size are the job's. Open MPI's mpirun serves PMIx to every process it
+ * starts (PMIX_RANK in the environment), whether or not the job initialises MPI.
+ */
+#ifdef TFAB_HAVE_PMIX
+#include <pmix.h>
+
+#define PMIX_KEY "tfab.world.rec"
+
+struct pmix_job {
+	pmix_proc_t me;
+};
+
+static int pmix_status(pmix_status_t st, const char *what)
+{
+	TFAB_ERROR(SUBSYS, "PMIx: %s: %s", what, PMIx_Error_string(st));
+	return -TFAB_ERR_CONFIG;
+}
+
+static int pmix_open(struct pmix_job *job, int *rank_p, int *size_p)
+{
+	pmix_proc_t wild;
+	pmix_value_t *v = NULL;
+	pmix_status_t st = PMIx_Init(&job->me, NULL, 0);
+
+	if (st != PMIX_SUCCESS)
+		return pmix_status(st, "PMIx_Init (is this process started by mpirun?)");
+	PMIX_LOAD_PROCID(&wild, job->me.nspace, PMIX_RANK_WILDCARD);
+	st = PMIx_Get(&wild, PMIX_JOB_SIZE, NULL, 0, &v);
+	if (st != PMIX_SUCCESS || !v || v->type != PMIX_UINT32) {
+		PMIx_Finalize(NULL, 0);
+		return pmix_status(st, "the job's size");
+	}
+	*rank_p = (int)job->me.rank;
+	*size_p = (int)v->data.uint32;
+	PMIX_VALUE_RELEASE(v);
+	return 0;
+}
+
+static int pmix_allgather(const void *mine, void *all, size_t len, void *arg)
+{
+	struct pmix_job *job = arg;
+	pmix_value_t val;
+	pmix_proc_t wild;
+	pmix_info_t info;
+	bool collect = true;
+	pmix_status_t st;
+	uint32_t size = 0;
+
+	PMIX_VALUE_CONSTRUCT(&val);
+	val.type = PMIX_BYTE_OBJECT;
+	val.data.bo.bytes = (char *)mine;
+	val.data.bo.size = len;
+	st = PMIx_Put(PMIX_GLOBAL, PMIX_KEY, &val);
+	if (st == PMIX_SUCCESS)
+		st = PMIx_Commit();
+	if (st != PMIX_SUCCESS)
+		return pmix_status(st, "putting this rank's record");
+	PMIX_LOAD_PROCID(&wild, job->me.nspace, PMIX_RANK_WILDCARD);
+	PMIX_INFO_LOAD(&info, PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+	st = PMIx_Fence(&wild, 1, &info, 1);
+	PMIX_INFO_DESTRUCT(&info);
+	if (st != PMIX_SUCCESS)
+		return pmix_status(st, "the fence of every rank's record");
+	{
+		pmix_value_t *v = NULL;
+
+		if (PMIx_Get(&wild, PMIX_JOB_SIZE, NULL, 0, &v) == PMIX_SUCCESS && v)
+			size = v->data.uint32;
+		if (v)
+			PMIX_VALUE_RELEASE(v);
+	}
+	for (uint32_t r = 0; r < size; r++) {
+		pmix_proc_t p;
+		pmix_value_t *v = NULL;
+
+		PMIX_LOAD_PROCID(&p, job->me.nspace, r);
+		st = PMIx_Get(&p, PMIX_KEY, NULL, 0, &v);
+		if (st != PMIX_SUCCESS || !v || v->type != PMIX_BYTE_OBJECT ||
+		    v->data.bo.size != len) {
+			if (v)
+				PMIX_VALUE_RELEASE(v);
+			return pmix_status(st, "a rank's record");
+		}
+		memcpy((uint8_t *)all + (size_t)r * len, v->data.bo.bytes, len);
+		PMIX_VALUE_RELEASE(v);
+	}
+	return 0;
+}
+#endif
+
+/*
  * Nothing to record: a hello that fails fails its peer, which the join checks after its flush.
  * (A callback that wrote into the world could run after a failed join has freed it.)
  */
@@ -455,8 +547,8 @@ static void world_free(struct tfab_world *w)
 	free(w);
 }
 
-int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args,
-		    struct tfab_world **world_p)
+static int world_join(struct tfab_context *ctx, const struct tfab_world_args *args,
+		      struct tfab_world **world_p)
 {
 	struct tfab_world *w;
 	struct rank_rec me;
@@ -465,9 +557,6 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 	int rc;
 	uint16_t port = 0;
 
-	if (!ctx || !world_p)
-		return -EINVAL;
-	*world_p = NULL;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
@@ -513,6 +602,39 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 	TFAB_INFO(SUBSYS, "rank %d of %d (%s) joined the world", w->rank, w->size, me.name);
 	*world_p = w;
 	return 0;
+}
+
+int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args,
+		    struct tfab_world **world_p)
+{
+	if (!ctx || !world_p)
+		return -EINVAL;
+	*world_p = NULL;
+	/* Under mpirun, where neither the application nor TFAB_RANK says otherwise: PMIx. */
+	if (!(args && (args->allgather || args->rank >= 0)) && !ctx->cfg.rank[0] &&
+	    getenv("PMIX_RANK")) {
+#ifdef TFAB_HAVE_PMIX
+		struct tfab_world_args a =
+		    args ? *args : (struct tfab_world_args){.timeout_ms = -1};
+		struct pmix_job job;
+		int rc = pmix_open(&job, &a.rank, &a.size);
+
+		if (rc)
+			return rc;
+		a.allgather = pmix_allgather;
+		a.allgather_arg = &job;
+		rc = world_join(ctx, &a, world_p);
+		PMIx_Finalize(NULL, 0); /* the records have met: PMIx is done with */
+		return rc;
+#else
+		TFAB_ERROR(SUBSYS,
+			   "started by mpirun (PMIX_RANK), but this tfab was built without "
+			   "PMIx (libpmix-dev): set TFAB_RANK and TFAB_WORLD_SIZE, or give an "
+			   "allgather");
+		return -TFAB_ERR_CONFIG;
+#endif
+	}
+	return world_join(ctx, args, world_p);
 }
 
 int tfab_world_rank(const struct tfab_world *w)
