@@ -843,6 +843,11 @@ static int run_env(long iters)
 		return 3;
 	}
 	printf("JOINED rank=%d size=%d\n", tfab_world_rank(w), tfab_world_size(w));
+	for (int r = 0; r < tfab_world_size(w); r++) {
+		if (r != tfab_world_rank(w))
+			printf("PATH %d-%d=%s\n", tfab_world_rank(w), r,
+			       tfab_peer_path(tfab_world_peer(w, r)));
+	}
 	fill(d, in, tfab_world_rank(w), 0, (size_t)count);
 	allreduce_reference(d, TFAB_OP_SUM, true, tfab_world_size(w), (size_t)count, want);
 	for (long it = 0; iters < 0 || it < iters; it++) {
