@@ -1,8 +1,8 @@
 /*
  * The copier of cuda.h: the CUDA runtime API (never the driver API, whose library is absent
- * on machines without a GPU), or the emulation. Copies run on one non-blocking stream per
- * context and are tracked with events; device pointers may be on any device (unified
- * addressing, cudaMemcpyDefault).
+ * on machines without a GPU), or the emulation. Copies run on one blocking stream per
+ * context (after the legacy default stream's work) and are tracked with events; device
+ * pointers may be on any device (unified addressing, cudaMemcpyDefault).
  *
  * The runtime library is not linked: it is loaded (dlopen) at the first open that is not
  * emulated, that is at the first GPU tensor, once per process and never unloaded, so that
@@ -129,9 +129,16 @@ static void cudart_load(void)
 }
 #endif
 
-/* An emulated copy: done on its second test, so callers see a copy in progress too. */
+/*
+ * An emulated copy: made on its second test, as the copy finishes, so that callers see a copy
+ * in progress, and one that reads the destination before the copy ended, or lets the source
+ * go, reads what a GPU's asynchronous copy would leave there (the old bytes), not the new.
+ */
 struct emu_copy {
 	int tests;
+	void *dst;
+	const void *src;
+	size_t n;
 };
 
 int tfab__cuda_open(const struct tfab_config *cfg, struct tfab_cuda **cu_p)
@@ -169,7 +176,13 @@ int tfab__cuda_open(const struct tfab_config *cfg, struct tfab_cuda **cu_p)
 	cu = calloc(1, sizeof(*cu));
 	if (!cu)
 		return -ENOMEM;
-	e = rt.cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking);
+	/*
+	 * A blocking stream: its copies wait for the work queued before them on the legacy
+	 * default stream (cudaMemcpy, and kernels launched there, PyTorch's default stream
+	 * among them), so that a tensor made there is whole before it is staged. A non-blocking
+	 * one raced them: on a GPU, a tensor just written by cudaMemcpy went out stale.
+	 */
+	e = rt.cudaStreamCreateWithFlags(&cu->stream, cudaStreamDefault);
 	if (e != cudaSuccess) {
 		TFAB_ERROR(SUBSYS, "cudaStreamCreateWithFlags: %s", rt.cudaGetErrorString(e));
 		free(cu);
@@ -207,7 +220,7 @@ int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size
 
 		if (!c)
 			return -ENOMEM;
-		memcpy(dst, src, n);
+		*c = (struct emu_copy){.dst = dst, .src = src, .n = n};
 		*ev_p = c;
 		return 0;
 	}
@@ -240,6 +253,7 @@ int tfab__cuda_copy_test(struct tfab_cuda *cu, void *ev)
 
 		if (c->tests++ == 0)
 			return 0;
+		memcpy(c->dst, c->src, c->n);
 		free(c);
 		return 1;
 	}
