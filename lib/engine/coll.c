@@ -156,6 +156,9 @@ int tfab__coll_fini(struct tfab_world *w)
 		pthread_mutex_unlock(&w->coll_lock);
 		return -EBUSY;
 	}
+	/* A thread that ended the last one may still be in drive: it touches w until it leaves. */
+	while (w->driving)
+		pthread_cond_wait(&w->coll_cond, &w->coll_lock);
 	pthread_mutex_unlock(&w->coll_lock);
 	tfab__htable_fini_free(&w->residuals);
 	pthread_cond_destroy(&w->coll_cond);
@@ -487,7 +490,7 @@ static void drive(struct tfab_world *w)
 			}
 		}
 		if (c->unended == 0 && !c->queued) {
-			tfab__list_del(&c->link);
+			/* It stays listed until its callback returned: tfab_world_wait waits for that. */
 			pthread_mutex_unlock(&w->coll_lock);
 			if (c->fold && !c->status)
 				coll_fold(c);
@@ -505,12 +508,16 @@ static void drive(struct tfab_world *w)
 			tfab__peers_flush(w->ctx, false);
 			tfab__ctx_unlock(w->ctx);
 			c->cb(c->arg, c->status);
+			pthread_mutex_lock(&w->coll_lock);
+			tfab__list_del(&c->link);
+			pthread_cond_broadcast(&w->coll_cond);
+			pthread_mutex_unlock(&w->coll_lock);
 			coll_free(c);
 			pthread_mutex_lock(&w->coll_lock);
-			pthread_cond_broadcast(&w->coll_cond);
 		}
 	}
 	w->driving = false;
+	pthread_cond_broadcast(&w->coll_cond); /* for tfab__coll_fini */
 }
 
 /* Number c, and post what needs nothing first. */
