@@ -375,6 +375,35 @@ static void on_dead_sent(void *arg, int status)
 	(void)status;
 }
 
+/* Decimal digits of v at p; the end. */
+static char *put_decimal(char *p, uint32_t v)
+{
+	char tmp[10];
+	int n = 0;
+
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (n)
+		*p++ = tmp[--n];
+	return p;
+}
+
+/* op's key, "tfab.c/<tag><step>.<piece>" (snprintf cost a collective of 8 bytes 5%). */
+static void op_key(const struct coll_op *op, char *key)
+{
+	char *p = key;
+
+	memcpy(p, "tfab.c/", 7);
+	p += 7;
+	*p++ = op->tag;
+	p = put_decimal(p, op->step);
+	*p++ = '.';
+	p = put_decimal(p, op->piece);
+	*p = '\0';
+}
+
 /* Post op (no lock held); src: the bytes a send reads. 0 or why it could not be posted. */
 static int op_post(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t *src)
 {
@@ -385,7 +414,7 @@ static int op_post(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t 
 	static uint8_t none;
 	char key[48];
 
-	snprintf(key, sizeof(key), "tfab.c/%c%u.%u", op->tag, op->step, op->piece);
+	op_key(op, key);
 	op->shape = (int64_t)op->len;
 	op->view = (DLTensor){.data = op->kind == OP_SEND ? src : op->buf,
 			      .device = {kDLCPU, 0},
