@@ -119,8 +119,8 @@ fi
 
 "$bin/tfab-perf" --help >"$out/help"
 check "tfab-perf --help exits 0" [ $? = 0 ]
-check "... naming the tests memcpy, raw, tensor and all" \
-	grep -q '^usage: tfab-perf \[memcpy|raw|tensor|all\] ' "$out/help"
+check "... naming the tests memcpy, raw, tensor, all and allreduce" \
+	grep -q '^usage: tfab-perf \[memcpy|raw|tensor|all|allreduce\] ' "$out/help"
 check "... and every option with its default" python3 -c '
 import re, sys
 opts, cur = {}, None
@@ -147,6 +147,7 @@ want = {
     "--json": "(default: a table)",
     "--listen": "(default: a local pair)",
     "--connect": "",
+    "--ranks": "(default 4, at most 64)",
     "--help": "",
 }
 assert set(opts) == set(want), sorted(opts)
@@ -200,6 +201,24 @@ check "... saying why" grep -q 'memcpy runs in one process' "$out/err"
 "$bin/tfab-perf" memcpy,nosuchtest >/dev/null 2>"$out/err"
 check "tfab-perf rejects an unknown test in a list" [ $? = 2 ]
 check "... naming it" grep -q "unknown test 'nosuchtest'" "$out/err"
+
+# allreduce: local ranks of a world, every result checked; it runs alone.
+"$bin/tfab-perf" allreduce --ranks 3 -s 8,300K --verify --json -n 20 >"$out/ar" 2>"$out/err"
+check "tfab-perf allreduce --ranks 3 --verify exits 0" [ $? = 0 ]
+check "... a verified row per size, with nccl-tests' fields" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["bytes"] for r in rows] == [8, 300 << 10], rows
+for r in rows:
+    assert r["test"] == "allreduce" and r["ranks"] == 3 and r["verified"] is True, r
+    assert r["lat_us"] > 0 and abs(r["busbw_GBps"] - r["algbw_GBps"] * 4 / 3) < 1e-3, r
+assert [r["algo"] for r in rows] == ["direct", "ring"], rows
+' "$out/ar"
+"$bin/tfab-perf" allreduce,raw >/dev/null 2>"$out/err"
+check "tfab-perf allreduce with another test is refused" [ $? = 2 ]
+check "... saying why" grep -q 'allreduce runs alone' "$out/err"
+"$bin/tfab-perf" allreduce --ranks 0 >/dev/null 2>"$out/err"
+check "tfab-perf allreduce --ranks 0 is refused" [ $? = 2 ]
 
 # Runs of both tests on a fabric named with -p: ofi:sockets where it is usable (auto would
 # pick another, so the run shows that -p reaches the tensor test's engine), else the first
