@@ -14,7 +14,7 @@
 #include <time.h>
 
 /* Set while this thread runs one of our callbacks: a context cannot be destroyed from there. */
-static _Thread_local int in_callback;
+_Thread_local int tfabpy_in_callback;
 
 bool tfabpy_context_usable(struct tfabpy_context *c)
 {
@@ -41,7 +41,7 @@ static void context_destroy_now(struct tfabpy_context *c)
 	if (!ctx)
 		return;
 	c->ctx = NULL;
-	if (in_callback && pthread_create(&thread, NULL, destroy_main, ctx) == 0) {
+	if (tfabpy_in_callback && pthread_create(&thread, NULL, destroy_main, ctx) == 0) {
 		pthread_detach(thread);
 		return;
 	}
@@ -141,6 +141,7 @@ static void context_dealloc(struct tfabpy_context *c)
 {
 	if (c->weakrefs)
 		PyObject_ClearWeakRefs((PyObject *)c);
+	tfabpy_world_context_closing(c);
 	context_destroy_now(c);
 	Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -167,6 +168,8 @@ static PyObject *context_close(struct tfabpy_context *c, PyObject *unused)
 		nanosleep(&pause, NULL);
 		PyEval_RestoreThread(ts);
 	}
+	/* Its world first: the library context must not go before it. */
+	tfabpy_world_context_closing(c);
 	/* Received tensors still held: the context goes with the last of them (dealloc). */
 	if (c->tensors == 0)
 		context_destroy_now(c);
@@ -184,6 +187,21 @@ static PyObject *peer_new_of(struct tfabpy_context *c, struct tfab_peer *peer)
 	p->owner = c;
 	Py_INCREF(c);
 	p->peer = peer;
+	p->world = NULL;
+	return (PyObject *)p;
+}
+
+PyObject *tfabpy_peer_of_world(struct tfabpy_context *c, struct tfab_peer *peer, PyObject *world)
+{
+	struct tfabpy_peer *p = PyObject_New(struct tfabpy_peer, &tfabpy_peer_type);
+
+	if (!p)
+		return NULL;
+	p->owner = c;
+	Py_INCREF(c);
+	p->peer = peer;
+	p->world = world;
+	Py_INCREF(world);
 	return (PyObject *)p;
 }
 
@@ -455,14 +473,14 @@ static void on_sent(void *arg, int status)
 	struct op *op = arg;
 	PyGILState_STATE g = PyGILState_Ensure();
 
-	in_callback++;
+	tfabpy_in_callback++;
 	/* The tensor goes first: the future's waiters may free what it points into. */
 	if (op->tensor && op->tensor->deleter)
 		op->tensor->deleter(op->tensor);
 	op->tensor = NULL;
 	op_call(op, Py_BuildValue("(i)", status));
 	op_free(op);
-	in_callback--;
+	tfabpy_in_callback--;
 	PyGILState_Release(g);
 }
 
@@ -717,7 +735,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	PyGILState_STATE g = PyGILState_Ensure();
 	PyObject *tensor;
 
-	in_callback++;
+	tfabpy_in_callback++;
 	if (status == 0) {
 		tensor = received(op->owner, t, op->out);
 		if (!tensor) {
@@ -731,7 +749,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	}
 	op_call(op, Py_BuildValue("(iNO)", status, tensor, is_dead ? Py_True : Py_False));
 	op_free(op);
-	in_callback--;
+	tfabpy_in_callback--;
 	PyGILState_Release(g);
 }
 
@@ -851,7 +869,7 @@ static void on_recv_strings(void *arg, int status, struct tfab_string_tensor *t,
 	PyGILState_STATE g = PyGILState_Ensure();
 	PyObject *res;
 
-	in_callback++;
+	tfabpy_in_callback++;
 	res = strings_result(status == 0 ? t : NULL);
 	if (!res) {
 		PyErr_WriteUnraisable(op->callback);
@@ -859,7 +877,7 @@ static void on_recv_strings(void *arg, int status, struct tfab_string_tensor *t,
 	}
 	op_call(op, Py_BuildValue("(iNO)", status, res, is_dead ? Py_True : Py_False));
 	op_free(op);
-	in_callback--;
+	tfabpy_in_callback--;
 	PyGILState_Release(g);
 }
 
@@ -1103,7 +1121,7 @@ PyTypeObject tfabpy_context_type = {
 
 static bool peer_usable(struct tfabpy_peer *p)
 {
-	if (!p->peer || !p->owner->ctx) {
+	if (!p->peer || !p->owner->ctx || (p->world && !((struct tfabpy_world *)p->world)->w)) {
 		PyErr_SetString(PyExc_ValueError, "tfab: the peer is closed");
 		return false;
 	}
@@ -1113,6 +1131,7 @@ static bool peer_usable(struct tfabpy_peer *p)
 static void peer_dealloc(struct tfabpy_peer *p)
 {
 	/* The library peer stays (a sender's peer is often dropped): the context closes it. */
+	Py_XDECREF(p->world);
 	Py_XDECREF(p->owner);
 	PyObject_Del(p);
 }
@@ -1167,6 +1186,12 @@ static PyObject *peer_close(struct tfabpy_peer *p, PyObject *unused)
 	struct tfab_peer *peer = p->peer;
 
 	(void)unused;
+	if (p->world) {
+		PyErr_SetString(
+		    PyExc_ValueError,
+		    "tfab: a world's peer goes with the world: leave the world instead");
+		return NULL;
+	}
 	if (!peer || !p->owner->ctx)
 		Py_RETURN_NONE;
 	p->peer = NULL;
