@@ -16,7 +16,7 @@ SMALL = 65536  # TFAB_ALLREDUCE_SMALL's default: above it (and count >= size), a
 OPS = ["sum", "avg", "min", "max"]
 SIZES = [1, 1000, 300000]
 NP_DTYPES = ["float32", "float64", "float16", "int32", "int64"]
-TORCH_DTYPES = ["bfloat16", "float32"]
+TORCH_DTYPES = ["bfloat16", "float16", "float32"]
 
 
 def free_port():
@@ -180,7 +180,8 @@ def describe(a, b):
 # What the ranks run
 
 def allreduce_matrix(w, seed):
-    """Every NumPy dtype and torch's bfloat16 and float32, every op, sizes 1, 1000 and 300000,
+    """Every NumPy dtype and torch's bfloat16, float16 and float32, every op, sizes 1, 1000 and
+    300000,
     in place and into out=, and the two algorithms asked for by name: each result against the
     reference. Returns the cases checked; raises with every case that failed."""
     n, r = w.size, w.rank
@@ -292,6 +293,7 @@ def many_in_flight(w, seed, rounds):
     """Collectives of several kinds and sizes started together, waited for in another order
     (the last first), then w.wait() for a second batch: every result right."""
     n, r = w.size, w.rank
+    assert w.context.progress_thread == (os.environ.get("TFAB_PROGRESS_THREAD") == "1")
     for rnd in range(rounds):
         futs, checks = [], []
         for i, count in enumerate([1, 300000, 1000, 70000, 300000, 5, 1000, 300000]):
