@@ -9,6 +9,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -325,7 +326,9 @@ static uint64_t mono_ns(void)
  * (negative: no limit) pass; whether it is done. The polling runs in C with the GIL released
  * (a completion's callback takes it to complete the future), and the future is asked only
  * after progress handled something, or every IDLE_CHECK idle polls (another thread may
- * complete it): a fetch costs no Python-level loop.
+ * complete it): a fetch costs no Python-level loop. yield_idle: an idle poll yields the core
+ * (sched_yield), as tfab_world_wait does: a collective waits for every rank, and ranks that
+ * outnumber the cores must not be kept off them by the ones that wait.
  */
 #define IDLE_CHECK 256
 static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
@@ -333,9 +336,9 @@ static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
 	PyObject *future, *r;
 	double timeout;
 	uint64_t deadline;
-	int rc = 0, done;
+	int rc = 0, done, yield_idle = 0;
 
-	if (!PyArg_ParseTuple(args, "Od:progress_wait", &future, &timeout))
+	if (!PyArg_ParseTuple(args, "Od|p:progress_wait", &future, &timeout, &yield_idle))
 		return NULL;
 	deadline = timeout < 0 ? UINT64_MAX : mono_ns() + (uint64_t)(timeout * 1e9);
 	for (;;) {
@@ -351,8 +354,11 @@ static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
 		{
 			PyThreadState *ts = PyEval_SaveThread();
 
-			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++)
+			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++) {
 				rc = tfab_progress(c->ctx);
+				if (rc == 0 && yield_idle)
+					sched_yield();
+			}
 			PyEval_RestoreThread(ts);
 		}
 		LEAVE(c);

@@ -327,6 +327,19 @@ def many_in_flight(w, seed, rounds):
     return rounds
 
 
+def small_allreduces(w, count):
+    """count allreduces of 8 bytes, one after the other: how long they took."""
+    x = np.ones(2, np.float32)
+    w.barrier().result(60)
+    t0 = time.monotonic()
+    for _ in range(count):
+        x[:] = 1.0
+        w.allreduce(x).result(60)
+    took = time.monotonic() - t0
+    assert x.tolist() == [float(w.size)] * 2
+    return took
+
+
 def names_and_peers(w):
     """Every rank's name, its peers' paths, a tensor sent to the next rank on its world peer
     (send/recv beside the collectives), and what a world's peer refuses."""

@@ -131,6 +131,8 @@ class Future(_cf.Future):
 
     def _coll_callback(self, what, result):
         """A collective's completion: the future gets result (its tensor) or the failure."""
+        self._yield_idle = True
+
         def done(status):
             if status:
                 self.set_exception(errors._from_status(status, what))
@@ -138,12 +140,16 @@ class Future(_cf.Future):
                 self.set_result(result)
         return done
 
+    # A collective's: waiting yields the core while idle (its ranks may outnumber the cores).
+    _yield_idle = False
+
     def _wait(self, timeout):
         ctx = self._ctx
         if self.done() or ctx is None or ctx._c.progress_thread:
             return
         try:
-            ctx._c.progress_wait(self, -1.0 if timeout is None else float(timeout))
+            ctx._c.progress_wait(self, -1.0 if timeout is None else float(timeout),
+                                 self._yield_idle)
         except Exception:
             return  # a closed context: its operations end on their own
 
