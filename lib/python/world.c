@@ -13,14 +13,21 @@
 #include <string.h>
 #include <time.h>
 
-/* A call into the library with the GIL released: the world and its context are counted busy. */
-#define ENTER(W)                           \
+/*
+ * A call into the library with the GIL released: the world and its context are counted busy.
+ * BUSY after the checks (world_usable) that ENTER makes first.
+ */
+#define BUSY(W)                            \
 	do {                               \
-		if (!world_usable(W))      \
-			return NULL;       \
 		(W)->busy++;               \
 		(W)->owner->busy++;        \
 		tfabpy_clear_last_error(); \
+	} while (0)
+#define ENTER(W)                      \
+	do {                          \
+		if (!world_usable(W)) \
+			return NULL;  \
+		BUSY(W);              \
 	} while (0)
 #define LEAVE(W) ((W)->busy--, (W)->owner->busy--)
 
@@ -576,7 +583,7 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 		}
 	}
 	self->inflight++;
-	ENTER(self);
+	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
 
@@ -619,7 +626,7 @@ static PyObject *world_broadcast(struct tfabpy_world *self, PyObject *args)
 	}
 	co->in = t;
 	self->inflight++;
-	ENTER(self);
+	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
 
@@ -672,7 +679,7 @@ static PyObject *gather_scatter(struct tfabpy_world *self, PyObject *inobj, PyOb
 	co->in = in;
 	co->out = out;
 	self->inflight++;
-	ENTER(self);
+	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
 
@@ -727,7 +734,7 @@ static PyObject *world_barrier(struct tfabpy_world *self, PyObject *callback)
 	if (!co)
 		return NULL;
 	self->inflight++;
-	ENTER(self);
+	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
 

@@ -59,6 +59,11 @@ def test_waiting_ranks_yield_the_cores():
     assert max(took) < 2.0, took
 
 
+def test_context_closed_mid_collective():
+    assert run_world(2, worlds.close_mid_collective, timeout=120) == ["AbortedError",
+                                                                      "PeerFailedError"]
+
+
 def test_names_peers_and_refusals():
     got = run_world(2, worlds.names_and_peers)
     names = ["/job:worker/task:0", "/job:worker/task:1"]

@@ -340,6 +340,33 @@ def small_allreduces(w, count):
     return took
 
 
+def close_mid_collective(w):
+    """Rank 0 starts an allreduce that rank 1 never joins and closes its context: its future
+    fails with AbortedError and its world is left; rank 1 sees its peer go, and its next
+    collective fails. Returns the exception class names."""
+    import tfab
+    if w.rank == 0:
+        f = w.allreduce(np.ones(1000, np.float32))
+        time.sleep(0.2)
+        assert not f.done()
+        w.context.close()
+        e = f.exception(10)
+        assert isinstance(e, tfab.AbortedError), repr(e)
+        assert not w.joined
+        return type(e).__name__
+    # No collective here until rank 0 is gone (one that does not match rank 0's is an error).
+    end = time.time() + 30
+    while w.peer(0).status == 0 and time.time() < end:
+        w.context.progress()
+        time.sleep(0.001)
+    assert w.peer(0).status != 0, "rank 1 did not see rank 0 go"
+    try:
+        w.barrier().result(30)
+    except tfab.Error as e:
+        return type(e).__name__
+    raise AssertionError("rank 1: a barrier with a closed rank completed")
+
+
 def names_and_peers(w):
     """Every rank's name, its peers' paths, a tensor sent to the next rank on its world peer
     (send/recv beside the collectives), and what a world's peer refuses."""
