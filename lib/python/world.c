@@ -112,8 +112,9 @@ struct gather {
 };
 
 /*
- * The world's size, from this rank's record (doc/world.md: magic, version, rank, then the
- * size as 4 bytes in network order at offset 10): how many entries the callable returns.
+ * The world's size, from this rank's record (world.c's rec_pack, doc/world.md: magic, 4
+ * bytes; version, 2; rank, 4; then the size, 4 in network order): how many entries the
+ * callable must return. The record's version 1; a new layout would change this.
  */
 static uint32_t record_size(const uint8_t *rec)
 {
