@@ -9,12 +9,13 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 /* Set while this thread runs one of our callbacks: a context cannot be destroyed from there. */
-static _Thread_local int in_callback;
+_Thread_local int tfabpy_in_callback;
 
 bool tfabpy_context_usable(struct tfabpy_context *c)
 {
@@ -41,7 +42,7 @@ static void context_destroy_now(struct tfabpy_context *c)
 	if (!ctx)
 		return;
 	c->ctx = NULL;
-	if (in_callback && pthread_create(&thread, NULL, destroy_main, ctx) == 0) {
+	if (tfabpy_in_callback && pthread_create(&thread, NULL, destroy_main, ctx) == 0) {
 		pthread_detach(thread);
 		return;
 	}
@@ -141,6 +142,7 @@ static void context_dealloc(struct tfabpy_context *c)
 {
 	if (c->weakrefs)
 		PyObject_ClearWeakRefs((PyObject *)c);
+	tfabpy_world_context_closing(c);
 	context_destroy_now(c);
 	Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -167,6 +169,8 @@ static PyObject *context_close(struct tfabpy_context *c, PyObject *unused)
 		nanosleep(&pause, NULL);
 		PyEval_RestoreThread(ts);
 	}
+	/* Its world first: the library context must not go before it. */
+	tfabpy_world_context_closing(c);
 	/* Received tensors still held: the context goes with the last of them (dealloc). */
 	if (c->tensors == 0)
 		context_destroy_now(c);
@@ -184,6 +188,21 @@ static PyObject *peer_new_of(struct tfabpy_context *c, struct tfab_peer *peer)
 	p->owner = c;
 	Py_INCREF(c);
 	p->peer = peer;
+	p->world = NULL;
+	return (PyObject *)p;
+}
+
+PyObject *tfabpy_peer_of_world(struct tfabpy_context *c, struct tfab_peer *peer, PyObject *world)
+{
+	struct tfabpy_peer *p = PyObject_New(struct tfabpy_peer, &tfabpy_peer_type);
+
+	if (!p)
+		return NULL;
+	p->owner = c;
+	Py_INCREF(c);
+	p->peer = peer;
+	p->world = world;
+	Py_INCREF(world);
 	return (PyObject *)p;
 }
 
@@ -307,7 +326,9 @@ static uint64_t mono_ns(void)
  * (negative: no limit) pass; whether it is done. The polling runs in C with the GIL released
  * (a completion's callback takes it to complete the future), and the future is asked only
  * after progress handled something, or every IDLE_CHECK idle polls (another thread may
- * complete it): a fetch costs no Python-level loop.
+ * complete it): a fetch costs no Python-level loop. yield_idle: an idle poll yields the core
+ * (sched_yield), as tfab_world_wait does: a collective waits for every rank, and ranks that
+ * outnumber the cores must not be kept off them by the ones that wait.
  */
 #define IDLE_CHECK 256
 static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
@@ -315,9 +336,9 @@ static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
 	PyObject *future, *r;
 	double timeout;
 	uint64_t deadline;
-	int rc = 0, done;
+	int rc = 0, done, yield_idle = 0;
 
-	if (!PyArg_ParseTuple(args, "Od:progress_wait", &future, &timeout))
+	if (!PyArg_ParseTuple(args, "Od|p:progress_wait", &future, &timeout, &yield_idle))
 		return NULL;
 	deadline = timeout < 0 ? UINT64_MAX : mono_ns() + (uint64_t)(timeout * 1e9);
 	for (;;) {
@@ -333,8 +354,11 @@ static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
 		{
 			PyThreadState *ts = PyEval_SaveThread();
 
-			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++)
+			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++) {
 				rc = tfab_progress(c->ctx);
+				if (rc == 0 && yield_idle)
+					sched_yield();
+			}
 			PyEval_RestoreThread(ts);
 		}
 		LEAVE(c);
@@ -455,14 +479,14 @@ static void on_sent(void *arg, int status)
 	struct op *op = arg;
 	PyGILState_STATE g = PyGILState_Ensure();
 
-	in_callback++;
+	tfabpy_in_callback++;
 	/* The tensor goes first: the future's waiters may free what it points into. */
 	if (op->tensor && op->tensor->deleter)
 		op->tensor->deleter(op->tensor);
 	op->tensor = NULL;
 	op_call(op, Py_BuildValue("(i)", status));
 	op_free(op);
-	in_callback--;
+	tfabpy_in_callback--;
 	PyGILState_Release(g);
 }
 
@@ -717,7 +741,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	PyGILState_STATE g = PyGILState_Ensure();
 	PyObject *tensor;
 
-	in_callback++;
+	tfabpy_in_callback++;
 	if (status == 0) {
 		tensor = received(op->owner, t, op->out);
 		if (!tensor) {
@@ -731,7 +755,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	}
 	op_call(op, Py_BuildValue("(iNO)", status, tensor, is_dead ? Py_True : Py_False));
 	op_free(op);
-	in_callback--;
+	tfabpy_in_callback--;
 	PyGILState_Release(g);
 }
 
@@ -851,7 +875,7 @@ static void on_recv_strings(void *arg, int status, struct tfab_string_tensor *t,
 	PyGILState_STATE g = PyGILState_Ensure();
 	PyObject *res;
 
-	in_callback++;
+	tfabpy_in_callback++;
 	res = strings_result(status == 0 ? t : NULL);
 	if (!res) {
 		PyErr_WriteUnraisable(op->callback);
@@ -859,7 +883,7 @@ static void on_recv_strings(void *arg, int status, struct tfab_string_tensor *t,
 	}
 	op_call(op, Py_BuildValue("(iNO)", status, res, is_dead ? Py_True : Py_False));
 	op_free(op);
-	in_callback--;
+	tfabpy_in_callback--;
 	PyGILState_Release(g);
 }
 
@@ -1104,7 +1128,7 @@ PyTypeObject tfabpy_context_type = {
 
 static bool peer_usable(struct tfabpy_peer *p)
 {
-	if (!p->peer || !p->owner->ctx) {
+	if (!p->peer || !p->owner->ctx || (p->world && !((struct tfabpy_world *)p->world)->w)) {
 		PyErr_SetString(PyExc_ValueError, "tfab: the peer is closed");
 		return false;
 	}
@@ -1114,6 +1138,7 @@ static bool peer_usable(struct tfabpy_peer *p)
 static void peer_dealloc(struct tfabpy_peer *p)
 {
 	/* The library peer stays (a sender's peer is often dropped): the context closes it. */
+	Py_XDECREF(p->world);
 	Py_XDECREF(p->owner);
 	PyObject_Del(p);
 }
@@ -1168,6 +1193,12 @@ static PyObject *peer_close(struct tfabpy_peer *p, PyObject *unused)
 	struct tfab_peer *peer = p->peer;
 
 	(void)unused;
+	if (p->world) {
+		PyErr_SetString(
+		    PyExc_ValueError,
+		    "tfab: a world's peer goes with the world: leave the world instead");
+		return NULL;
+	}
 	if (!peer || !p->owner->ctx)
 		Py_RETURN_NONE;
 	p->peer = NULL;

@@ -1,6 +1,7 @@
 /*
- * The tfab._tfab extension module: its types, the errors it raises (classes from tfab.errors)
- * and the log sink that remembers each thread's last library error for the exception's text.
+ * The tfab._tfab extension module: its types (Context, Peer, Tensor, World), the errors it
+ * raises (classes from tfab.errors) and the log sink that remembers each thread's last library
+ * error for the exception's text.
  */
 #include "tfabpy.h"
 
@@ -128,7 +129,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     "tfab._tfab",
-    "The C part of tfab: contexts, peers and received tensors over libtfab.",
+    "The C part of tfab: contexts, peers, received tensors and worlds over libtfab.",
     -1,
     module_methods,
     NULL,
@@ -144,7 +145,7 @@ PyMODINIT_FUNC PyInit__tfab(void)
 	PyObject *m;
 
 	if (PyType_Ready(&tfabpy_context_type) < 0 || PyType_Ready(&tfabpy_peer_type) < 0 ||
-	    PyType_Ready(&tfabpy_tensor_type) < 0)
+	    PyType_Ready(&tfabpy_tensor_type) < 0 || PyType_Ready(&tfabpy_world_type) < 0)
 		return NULL;
 	m = PyModule_Create(&module_def);
 	if (!m)
@@ -159,6 +160,9 @@ PyMODINIT_FUNC PyInit__tfab(void)
 		goto err;
 	Py_INCREF(&tfabpy_tensor_type);
 	if (PyModule_AddObject(m, "Tensor", (PyObject *)&tfabpy_tensor_type) < 0)
+		goto err;
+	Py_INCREF(&tfabpy_world_type);
+	if (PyModule_AddObject(m, "World", (PyObject *)&tfabpy_world_type) < 0)
 		goto err;
 	if (PyModule_AddIntConstant(m, "MAX_KEY_LEN", TFAB_MAX_KEY_LEN) < 0)
 		goto err;

@@ -1,6 +1,6 @@
 /*
- * The CPython binding's shared declarations: the objects (Context, Peer, Tensor), the error
- * raising and the DLPack helpers that the module's files share.
+ * The CPython binding's shared declarations: the objects (Context, Peer, Tensor, World), the
+ * error raising and the DLPack helpers that the module's files share.
  */
 #ifndef TFAB_PYTHON_TFABPY_H
 #define TFAB_PYTHON_TFABPY_H
@@ -8,9 +8,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #include <tfab/tfab.h>
+#include <tfab/world.h>
+
+struct tfabpy_world;
 
 struct tfabpy_context {
 	PyObject_HEAD struct tfab_context *ctx;
@@ -21,11 +25,30 @@ struct tfabpy_context {
 	long busy;
 	long tensors;
 	PyObject *weakrefs;
+	/*
+	 * The world joined on this context (one at most), until it is left; world_obj is the
+	 * World that has it (borrowed), NULL when that one went inside a callback (then the
+	 * context leaves it, at close or at the next join).
+	 */
+	struct tfab_world *world;
+	struct tfabpy_world *world_obj;
 };
 
 struct tfabpy_peer {
 	PyObject_HEAD struct tfabpy_context *owner;
 	struct tfab_peer *peer;
+	PyObject *world; /* a world's peer: the World that owns it (it cannot be closed) */
+};
+
+/* A world of ranks on a context, and its collectives in flight. */
+struct tfabpy_world {
+	PyObject_HEAD struct tfabpy_context *owner;
+	struct tfab_world *w; /* NULL once left */
+	long inflight;	      /* collectives started that have not called back */
+	long busy;	      /* calls inside the library with the GIL released */
+	bool cb_seen;	      /* a collective called back, last on cb_thread */
+	pthread_t cb_thread;
+	PyObject *weakrefs;
 };
 
 /* A received tensor: the library's DLManagedTensor, returned to the pool at the last view. */
@@ -39,6 +62,10 @@ struct tfabpy_tensor {
 extern PyTypeObject tfabpy_context_type;
 extern PyTypeObject tfabpy_peer_type;
 extern PyTypeObject tfabpy_tensor_type;
+extern PyTypeObject tfabpy_world_type;
+
+/* Nonzero while this thread runs one of the binding's callbacks. */
+extern _Thread_local int tfabpy_in_callback;
 
 /* Raise tfab's exception for status (negative), with what the call was. NULL always. */
 PyObject *tfabpy_raise(int status, const char *what);
@@ -62,5 +89,13 @@ bool tfabpy_is_compact(const DLTensor *t);
 bool tfabpy_context_usable(struct tfabpy_context *c);
 /* After the library gave back a tensor of c's: once none are left, a closed c is destroyed. */
 void tfabpy_context_tensor_gone(struct tfabpy_context *c);
+/* A Peer object for a world's peer (owned by the world, not closable). */
+PyObject *tfabpy_peer_of_world(struct tfabpy_context *c, struct tfab_peer *peer, PyObject *world);
+
+/*
+ * Before c's library context goes (close, dealloc): leave its world once its collectives have
+ * ended (after an abort they end at once). Called with the GIL, which it releases to wait.
+ */
+void tfabpy_world_context_closing(struct tfabpy_context *c);
 
 #endif

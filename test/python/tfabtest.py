@@ -40,10 +40,11 @@ def connect_all(ctx, index, ports, nprocs, timeout=20.0):
     return {0: ctx.connect("127.0.0.1", port, timeout)}
 
 
-def run(*targets, timeout=120.0, on_start=None):
+def run(*targets, timeout=120.0, on_start=None, on_end=None):
     """Run targets ((func, args) each; func(index, ports, *args)) in spawned processes; return
     their values in order, or raise with the failing process's traceback. on_start(procs) may
-    watch them, and returns the indexes of those it killed (the killed-peer test)."""
+    watch them, and returns the indexes of those it killed (the killed-peer test); on_end(procs)
+    runs first at the end, whatever happened (to end a process it stopped)."""
     results = SPAWN.Queue()
     ports = SPAWN.Queue()
     procs = [SPAWN.Process(target=_child, args=(i, f, a, results, ports), daemon=True)
@@ -79,6 +80,8 @@ def run(*targets, timeout=120.0, on_start=None):
                 errors.append("process %d:\n%s" % (i, value))
                 break
     finally:
+        if on_end:
+            on_end(procs)
         for p in procs:
             p.join(timeout=10)
         for p in procs:

@@ -3,7 +3,9 @@
 A receiver asks for a tensor by key and step; the sender's fabric writes it straight from the
 sender's tensor into the receiver's memory. Tensors are anything with ``__dlpack__`` (NumPy
 arrays, torch tensors); received ones are :class:`Tensor` objects that NumPy and torch view
-without a copy. See doc/python.md for ownership, threads and errors.
+without a copy. A :class:`World` of ranks runs collectives (allreduce, broadcast, allgather,
+reduce_scatter, barrier) on the caller's tensors in place. See doc/python.md for ownership,
+threads and errors.
 """
 
 import atexit as _atexit
@@ -19,7 +21,7 @@ from . import _tfab
 from ._tfab import Peer, Tensor
 
 __all__ = [
-    "Context", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
+    "Context", "World", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
     "ProtocolError", "AbortedError", "ConfigError", "NoFabricError", "OutMismatchError",
     "status_name", "settings", "version", "MAX_KEY_LEN",
 ]
@@ -127,12 +129,27 @@ class Future(_cf.Future):
         else:
             self.set_result(None if dead else tensor)
 
+    def _coll_callback(self, what, result):
+        """A collective's completion: the future gets result (its tensor) or the failure."""
+        self._yield_idle = True
+
+        def done(status):
+            if status:
+                self.set_exception(errors._from_status(status, what))
+            else:
+                self.set_result(result)
+        return done
+
+    # A collective's: waiting yields the core while idle (its ranks may outnumber the cores).
+    _yield_idle = False
+
     def _wait(self, timeout):
         ctx = self._ctx
         if self.done() or ctx is None or ctx._c.progress_thread:
             return
         try:
-            ctx._c.progress_wait(self, -1.0 if timeout is None else float(timeout))
+            ctx._c.progress_wait(self, -1.0 if timeout is None else float(timeout),
+                                 self._yield_idle)
         except Exception:
             return  # a closed context: its operations end on their own
 
@@ -380,6 +397,202 @@ class Context:
     def __repr__(self):
         state = "closed" if self.closed else ",".join(self.paths)
         return "tfab.Context(%s)" % state
+
+
+_OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3}
+_ALGOS = {None: 0, "auto": 0, "direct": 1, "ring": 2}
+_COMPRESS = {None: 0, "none": 0, "fp16": 1, "bf16": 2, "int8": 3}
+
+
+def _choice(table, value, what):
+    try:
+        return table[value.lower() if isinstance(value, str) else value]
+    except (KeyError, TypeError):
+        names = ", ".join(repr(k) for k in table)
+        raise ValueError("tfab: %s is one of %s, not %r" % (what, names, value)) from None
+
+
+def _timeout_ms(timeout):
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError("tfab: timeout must be >= 0 (seconds) or None")
+    return int(min(timeout * 1000.0 + 0.5, 2 ** 30))
+
+
+def _is_torch(tensor):
+    return type(tensor).__module__.split(".")[0] == "torch"
+
+
+def _empty_like(tensor, shape):
+    """A new tensor of tensor's kind (torch or NumPy) and dtype, of the given shape."""
+    if _is_torch(tensor):
+        import torch
+        return torch.empty(shape, dtype=tensor.dtype)
+    import numpy
+    return numpy.empty(shape, dtype=numpy.asarray(tensor).dtype)
+
+
+class World:
+    """A world of ranks: this process and the others of the job, each pair connected by a
+    peer on its best path, for collectives (doc/world.md).
+
+    ``World(ctx)`` joins from the environment, as torchrun sets it: ``TFAB_RANK``,
+    ``TFAB_WORLD_SIZE``, ``TFAB_MASTER_ADDR`` and ``TFAB_MASTER_PORT`` (rank 0 listens there
+    for the others). ``rank`` and ``size`` given win over the environment; ``name`` is this
+    rank's name (``"/job:worker/task:3"``), ``host`` the address the others reach it at,
+    ``timeout`` the join's bound in seconds (None: ``TFAB_WORLD_TIMEOUT_MS``).
+    ``allgather``: the ranks meet through the job's own launcher instead of rank 0, a callable
+    ``(mine: bytes) -> list of bytes`` that returns every rank's bytes in rank order
+    (``comm.allgather`` of mpi4py is one; with torch.distributed,
+    ``dist.all_gather_object(out, mine)``). ``ctx`` None: the world makes a context of its
+    own, closed when it is left. A context has one world. The join waits with the GIL
+    released, and so does every wait below.
+
+    Collectives return a :class:`Future` at once; every rank must start the same
+    collectives in the same order, with tensors of the same dtype and size (the order
+    numbers them). Tensors are NumPy arrays, torch tensors, or anything with ``__dlpack__``:
+    contiguous and on the CPU. The library reads and writes them in place (no copy) and keeps
+    them alive until the future completes: do not touch them before. The future's result is
+    the tensor that holds the result. A failure (a rank that died, stopped or failed) is the
+    future's exception, a :class:`tfab.Error`. A world is a context manager: leaving waits
+    for what is in flight.
+    """
+
+    def __init__(self, ctx=None, rank=None, size=None, name=None, host=None, timeout=None,
+                 allgather=None):
+        own = ctx is None
+        if own:
+            ctx = Context()
+        try:
+            self._w = _tfab.World(ctx._c, -1 if rank is None else int(rank),
+                                  -1 if size is None else int(size), name, host,
+                                  _timeout_ms(timeout), allgather)
+        except BaseException:
+            if own:
+                ctx.close()
+            raise
+        self._ctx = ctx
+        self._own_ctx = own
+        self._rank, self._size = self._w.rank, self._w.size
+
+    # Who is who
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 to size - 1."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return self._size
+
+    @property
+    def context(self) -> "Context":
+        """The context the world runs on."""
+        return self._ctx
+
+    @property
+    def joined(self) -> bool:
+        """False once the world was left (or its context closed)."""
+        return self._w.joined
+
+    def name(self, rank: int = None) -> str:
+        """The name rank gave (this rank's by default): TFAB_WORLD_NAME, else "rank N"."""
+        return self._w.name(self._rank if rank is None else rank)
+
+    def peer(self, rank: int):
+        """The :class:`Peer` that connects this rank to rank (None for this rank): for
+        send/recv beside the collectives. The world owns it: it closes when the world is
+        left."""
+        return self._w.peer(rank)
+
+    # Life
+
+    def wait(self, timeout=None) -> None:
+        """Wait (driving progress, the GIL released) until every collective started before
+        has completed; TimeoutError after timeout seconds (None: no bound)."""
+        self._w.wait(timeout)
+
+    def leave(self, timeout=None) -> None:
+        """Wait for the collectives in flight (at most timeout seconds: TimeoutError, and
+        the world stays), then leave: the world's peers close. A world made without a
+        context closes its own. Not from a future's callback."""
+        self._w.leave(timeout)
+        if self._own_ctx:
+            self._ctx.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.leave()
+
+    def __repr__(self):
+        if not self.joined:
+            return "tfab.World(left)"
+        return "tfab.World(rank=%d, size=%d)" % (self.rank, self.size)
+
+    # Collectives
+
+    def allreduce(self, tensor, out=None, op: str = "sum", compress=None, key=None,
+                  algo=None) -> Future:
+        """Reduce tensor over every rank: ``out`` (tensor itself, in place, by default) gets
+        rank 0's op rank 1's op ... (doc/world.md says in which order). ``op``: "sum",
+        "avg" (the sum divided by size; integers toward zero), "min", "max". dtypes: float16,
+        bfloat16 (torch), float32, float64, int32, int64. ``compress`` ("fp16", "bf16",
+        "int8"; float32 only) shrinks what travels, ``key`` names the tensor for compression's
+        error feedback; ``algo`` ("direct", "ring"; None: by size). Returns a Future of out."""
+        opn = _choice(_OPS, op, "op")
+        algon = _choice(_ALGOS, algo, "algo")
+        compn = _choice(_COMPRESS, compress, "compress")
+        if out is tensor:
+            out = None
+        fut = Future(self._ctx)
+        cb = fut._coll_callback("allreduce", tensor if out is None else out)
+        self._w.allreduce(tensor, out, opn, algon, compn, key, cb)
+        return fut
+
+    def broadcast(self, tensor, root: int = 0) -> Future:
+        """Rank root's tensor into every rank's tensor (same dtype and size everywhere; any
+        dtype). Returns a Future of tensor."""
+        fut = Future(self._ctx)
+        self._w.broadcast(_torch_bool(tensor), root, fut._coll_callback("broadcast", tensor))
+        return fut
+
+    def allgather(self, tensor, out=None) -> Future:
+        """Every rank's tensor, in rank order, into out: size times tensor's elements, of its
+        dtype (None: a new array or torch tensor of shape (size,) + tensor.shape). Returns a
+        Future of out."""
+        if out is None:
+            out = _empty_like(tensor, (self._size,) + tuple(tensor.shape))
+        fut = Future(self._ctx)
+        self._w.allgather(_torch_bool(tensor), _torch_bool(out),
+                          fut._coll_callback("allgather", out))
+        return fut
+
+    def reduce_scatter(self, tensor, out=None, op: str = "sum") -> Future:
+        """Part ``rank`` of the reduction of every rank's tensor into out: tensor holds size
+        parts of out's elements (None: a new one, tensor's first dimension divided by size).
+        ``op`` as allreduce's. Returns a Future of out."""
+        opn = _choice(_OPS, op, "op")
+        if out is None:
+            shape = tuple(tensor.shape)
+            if not shape or shape[0] % self._size:
+                raise ValueError("tfab: reduce_scatter without out= needs a first dimension "
+                                 "that the world's size (%d) divides, not shape %r"
+                                 % (self._size, shape))
+            out = _empty_like(tensor, (shape[0] // self._size,) + shape[1:])
+        fut = Future(self._ctx)
+        self._w.reduce_scatter(tensor, out, opn, fut._coll_callback("reduce_scatter", out))
+        return fut
+
+    def barrier(self) -> Future:
+        """A Future that completes once every rank has called barrier()."""
+        fut = Future(self._ctx)
+        self._w.barrier(fut._coll_callback("barrier", None))
+        return fut
 
 
 # Contexts still open at exit are closed while the interpreter can still run their callbacks.

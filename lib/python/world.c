@@ -1,0 +1,811 @@
+/*
+ * tfab._tfab.World: a world of ranks on a context (tfab_world_join) and its collectives. The
+ * join and every wait run with the GIL released; the application's allgather (a Python
+ * callable) and each collective's completion take it, on whichever thread calls them. A
+ * collective keeps its tensors (the exporters' DLManagedTensors), its key and the world alive
+ * until its completion; nothing is copied: the library reads and writes the caller's memory.
+ */
+#include "tfabpy.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/*
+ * A call into the library with the GIL released: the world and its context are counted busy.
+ * BUSY after the checks (world_usable) that ENTER makes first.
+ */
+#define BUSY(W)                            \
+	do {                               \
+		(W)->busy++;               \
+		(W)->owner->busy++;        \
+		tfabpy_clear_last_error(); \
+	} while (0)
+#define ENTER(W)                      \
+	do {                          \
+		if (!world_usable(W)) \
+			return NULL;  \
+		BUSY(W);              \
+	} while (0)
+#define LEAVE(W) ((W)->busy--, (W)->owner->busy--)
+
+static bool world_usable(struct tfabpy_world *self)
+{
+	if (!self->w) {
+		PyErr_SetString(PyExc_ValueError,
+				"tfab: the world was left (or its context closed)");
+		return false;
+	}
+	return tfabpy_context_usable(self->owner);
+}
+
+/*
+ * Before tfab_world_leave (GIL released): a collective's library callback is still running
+ * the world for a moment after its completion returned (coll.c's drive takes the world's
+ * lock again), and tfab_world_leave does not wait for it: a world left at once by another
+ * thread is freed under it. Where the last completion came on another thread (the progress
+ * thread), give it time to get out; self NULL: not known, wait.
+ */
+static void settle(const struct tfabpy_world *self)
+{
+	struct timespec pause = {0, 20000000};
+
+	if (!self || (self->cb_seen && !pthread_equal(self->cb_thread, pthread_self())))
+		nanosleep(&pause, NULL);
+}
+
+/* Leaves w (no collective in flight, not inside a callback); the GIL released. */
+static int world_leave_now(const struct tfabpy_world *self, struct tfab_world *w)
+{
+	PyThreadState *ts = PyEval_SaveThread();
+	int rc;
+
+	settle(self);
+	rc = tfab_world_leave(w);
+	PyEval_RestoreThread(ts);
+	return rc;
+}
+
+/* The context's world, left by a World that went inside a callback: leave it now. */
+static void leave_parked(struct tfabpy_context *c)
+{
+	if (c->world && !c->world_obj && !tfabpy_in_callback && c->ctx) {
+		if (world_leave_now(NULL, c->world) == 0)
+			c->world = NULL;
+	}
+}
+
+void tfabpy_world_context_closing(struct tfabpy_context *c)
+{
+	struct tfab_world *w = c->world;
+	struct tfabpy_world *self = c->world_obj;
+
+	if (!w)
+		return;
+	if (self)
+		self->w = NULL;
+	c->world_obj = NULL;
+	c->world = NULL;
+	/*
+	 * Inside a callback the world is still running it: it is left behind (the context's
+	 * destruction closes its peers).
+	 */
+	if (tfabpy_in_callback || !c->ctx)
+		return;
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		/* Aborted: what is in flight ends at once, each callback taking the GIL. */
+		tfab_world_wait(w, 10000);
+		settle(self);
+		tfab_world_leave(w);
+		PyEval_RestoreThread(ts);
+	}
+}
+
+/* The application's allgather, called inside tfab_world_join (GIL released). */
+struct gather {
+	PyObject *fn;
+	PyObject *type, *value, *tb; /* what it raised, raised again by the join */
+};
+
+/*
+ * The world's size, from this rank's record (world.c's rec_pack, doc/world.md: magic, 4
+ * bytes; version, 2; rank, 4; then the size, 4 in network order): how many entries the
+ * callable must return. The record's version 1; a new layout would change this.
+ */
+static uint32_t record_size(const uint8_t *rec)
+{
+	return (uint32_t)rec[10] << 24 | (uint32_t)rec[11] << 16 | (uint32_t)rec[12] << 8 |
+	       (uint32_t)rec[13];
+}
+
+static int gather_call(const void *mine, void *all, size_t len, void *arg)
+{
+	struct gather *g = arg;
+	PyGILState_STATE st = PyGILState_Ensure();
+	uint32_t size = record_size(mine);
+	PyObject *res, *seq = NULL;
+	int rc = -EINVAL;
+
+	res = PyObject_CallFunction(g->fn, "y#", (const char *)mine, (Py_ssize_t)len);
+	if (!res) {
+		rc = -ECANCELED;
+		goto out;
+	}
+	seq = PySequence_Fast(res, "tfab: allgather= must return a list of bytes, one per rank");
+	if (!seq)
+		goto out;
+	if (PySequence_Fast_GET_SIZE(seq) != (Py_ssize_t)size) {
+		PyErr_Format(PyExc_ValueError,
+			     "tfab: allgather= returned %zd entries for a world of %u ranks",
+			     PySequence_Fast_GET_SIZE(seq), size);
+		goto out;
+	}
+	for (uint32_t i = 0; i < size; i++) {
+		Py_buffer b;
+
+		if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &b, PyBUF_SIMPLE) < 0)
+			goto out;
+		if ((size_t)b.len != len) {
+			PyErr_Format(
+			    PyExc_ValueError,
+			    "tfab: allgather= entry %u has %zd bytes, not %zu: each rank's "
+			    "bytes as it gave them, in rank order",
+			    i, b.len, len);
+			PyBuffer_Release(&b);
+			goto out;
+		}
+		memcpy((uint8_t *)all + (size_t)i * len, b.buf, len);
+		PyBuffer_Release(&b);
+	}
+	rc = 0;
+out:
+	if (rc && !g->type)
+		PyErr_Fetch(&g->type, &g->value, &g->tb);
+	PyErr_Clear();
+	Py_XDECREF(seq);
+	Py_XDECREF(res);
+	PyGILState_Release(st);
+	return rc;
+}
+
+static int world_init(struct tfabpy_world *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"context", "rank",	  "size",      "name",
+				 "host",    "timeout_ms", "allgather", NULL};
+	PyObject *ctxobj, *fn = Py_None;
+	struct tfabpy_context *c;
+	struct tfab_world_args a = {.rank = -1, .size = -1, .timeout_ms = -1};
+	struct gather g = {0};
+	struct tfab_world *w = NULL;
+	int rc;
+
+	if (self->owner) {
+		PyErr_SetString(PyExc_RuntimeError, "tfab: world already initialised");
+		return -1;
+	}
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|iizziO:World", kwlist, &tfabpy_context_type,
+					 &ctxobj, &a.rank, &a.size, &a.name, &a.host, &a.timeout_ms,
+					 &fn))
+		return -1;
+	c = (struct tfabpy_context *)ctxobj;
+	if (fn != Py_None && !PyCallable_Check(fn)) {
+		PyErr_SetString(PyExc_TypeError, "tfab: allgather= takes a callable");
+		return -1;
+	}
+	if (a.size == 0 || a.size < -1 || a.rank < -1 || (a.size > 0 && a.rank >= a.size)) {
+		PyErr_Format(PyExc_ValueError, "tfab: rank %d of a world of %d", a.rank, a.size);
+		return -1;
+	}
+	if (!tfabpy_context_usable(c))
+		return -1;
+	leave_parked(c);
+	if (c->world) {
+		PyErr_SetString(PyExc_ValueError,
+				"tfab: the context has a world already (one per context): leave it "
+				"first");
+		return -1;
+	}
+	if (fn != Py_None) {
+		g.fn = fn;
+		a.allgather = gather_call;
+		a.allgather_arg = &g;
+	}
+	c->busy++;
+	tfabpy_clear_last_error();
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		rc = tfab_world_join(c->ctx, &a, &w);
+		PyEval_RestoreThread(ts);
+	}
+	c->busy--;
+	if (rc) {
+		if (g.type) {
+			/* What the callable raised (or why its answer was refused) says more. */
+			PyErr_Restore(g.type, g.value, g.tb);
+			return -1;
+		}
+		tfabpy_raise(rc, "joining the world");
+		return -1;
+	}
+	Py_XDECREF(g.type);
+	Py_XDECREF(g.value);
+	Py_XDECREF(g.tb);
+	self->owner = c;
+	Py_INCREF(c);
+	self->w = w;
+	c->world = w;
+	c->world_obj = self;
+	return 0;
+}
+
+static void world_dealloc(struct tfabpy_world *self)
+{
+	struct tfabpy_context *c = self->owner;
+
+	if (self->weakrefs)
+		PyObject_ClearWeakRefs((PyObject *)self);
+	if (c && self->w) {
+		/*
+		 * Nothing in flight (each holds the world). Inside a callback the world is still
+		 * running it: the context leaves it later.
+		 */
+		c->world_obj = NULL;
+		if (!tfabpy_in_callback && world_leave_now(self, self->w) == 0)
+			c->world = NULL;
+		self->w = NULL;
+	}
+	Py_XDECREF(c);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int timeout_ms_of(PyObject *obj, int *ms_p)
+{
+	double s;
+
+	if (obj == Py_None) {
+		*ms_p = -1;
+		return 0;
+	}
+	s = PyFloat_AsDouble(obj);
+	if (s == -1.0 && PyErr_Occurred())
+		return -1;
+	if (s < 0) {
+		PyErr_SetString(PyExc_ValueError, "tfab: timeout must be >= 0 (seconds) or None");
+		return -1;
+	}
+	*ms_p = s * 1000.0 > INT_MAX / 2 ? INT_MAX / 2 : (int)(s * 1000.0 + 0.5);
+	return 0;
+}
+
+static PyObject *world_wait(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *timeout = Py_None;
+	int ms, rc;
+
+	if (!PyArg_ParseTuple(args, "|O:wait", &timeout) || timeout_ms_of(timeout, &ms) < 0)
+		return NULL;
+	ENTER(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		rc = tfab_world_wait(self->w, ms);
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	if (rc)
+		return tfabpy_raise(rc, "waiting for the world's collectives");
+	Py_RETURN_NONE;
+}
+
+static PyObject *world_leave(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *timeout = Py_None;
+	struct tfabpy_context *c = self->owner;
+	int ms, rc;
+
+	if (!PyArg_ParseTuple(args, "|O:leave", &timeout) || timeout_ms_of(timeout, &ms) < 0)
+		return NULL;
+	if (!self->w || !c || !c->ctx)
+		Py_RETURN_NONE;
+	if (tfabpy_in_callback) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"tfab: a world cannot be left from a completion callback");
+		return NULL;
+	}
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"tfab: another thread is in a call on this world");
+		return NULL;
+	}
+	ENTER(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		rc = tfab_world_wait(self->w, ms);
+		if (rc == 0) {
+			settle(self);
+			rc = tfab_world_leave(self->w);
+		}
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	if (rc)
+		return tfabpy_raise(rc, rc == -ETIMEDOUT ? "leave: collectives still in flight"
+							 : "leave");
+	self->w = NULL;
+	c->world = NULL;
+	c->world_obj = NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *world_name(struct tfabpy_world *self, PyObject *arg)
+{
+	long rank = PyLong_AsLong(arg);
+	const char *name;
+
+	if (rank == -1 && PyErr_Occurred())
+		return NULL;
+	if (!world_usable(self))
+		return NULL;
+	name = rank < INT_MIN || rank > INT_MAX ? NULL : tfab_world_name(self->w, (int)rank);
+	if (!name)
+		return PyErr_Format(PyExc_IndexError, "tfab: no rank %ld in a world of %d", rank,
+				    tfab_world_size(self->w));
+	return PyUnicode_FromString(name);
+}
+
+static PyObject *world_peer(struct tfabpy_world *self, PyObject *arg)
+{
+	long rank = PyLong_AsLong(arg);
+	struct tfab_peer *peer;
+
+	if (rank == -1 && PyErr_Occurred())
+		return NULL;
+	if (!world_usable(self))
+		return NULL;
+	if (rank < 0 || rank >= tfab_world_size(self->w))
+		return PyErr_Format(PyExc_IndexError, "tfab: no rank %ld in a world of %d", rank,
+				    tfab_world_size(self->w));
+	peer = tfab_world_peer(self->w, (int)rank);
+	if (!peer)
+		Py_RETURN_NONE; /* this rank's own */
+	return tfabpy_peer_of_world(self->owner, peer, (PyObject *)self);
+}
+
+/* A collective in flight: what it keeps alive until its completion. */
+struct coll {
+	struct tfabpy_world *world;
+	PyObject *callback;
+	PyObject *key;
+	DLManagedTensor *in, *out; /* out NULL: in place */
+};
+
+static struct coll *coll_new(struct tfabpy_world *world, PyObject *callback)
+{
+	struct coll *co = calloc(1, sizeof(*co));
+
+	if (!co) {
+		PyErr_NoMemory();
+		return NULL;
+	}
+	co->world = world;
+	Py_INCREF(world);
+	co->callback = callback;
+	Py_INCREF(callback);
+	return co;
+}
+
+static void coll_release_tensors(struct coll *co)
+{
+	if (co->in && co->in->deleter)
+		co->in->deleter(co->in);
+	if (co->out && co->out->deleter)
+		co->out->deleter(co->out);
+	co->in = co->out = NULL;
+}
+
+/* With the GIL; the last reference to the world may go here. */
+static void coll_free(struct coll *co)
+{
+	coll_release_tensors(co);
+	Py_XDECREF(co->key);
+	Py_DECREF(co->callback);
+	Py_DECREF(co->world);
+	free(co);
+}
+
+static void on_coll(void *arg, int status)
+{
+	struct coll *co = arg;
+	PyGILState_STATE g = PyGILState_Ensure();
+	PyObject *res;
+
+	tfabpy_in_callback++;
+	/* The tensors go first: the future's waiters may free what they point into. */
+	coll_release_tensors(co);
+	co->world->inflight--;
+	co->world->cb_seen = true;
+	co->world->cb_thread = pthread_self();
+	res = PyObject_CallFunction(co->callback, "i", status);
+	if (!res)
+		PyErr_WriteUnraisable(co->callback);
+	Py_XDECREF(res);
+	coll_free(co);
+	tfabpy_in_callback--;
+	PyGILState_Release(g);
+}
+
+/*
+ * A collective's tensor: imported through DLPack (or the buffer protocol), compact and on the
+ * CPU; the caller owns *m_p. -1 with an exception set.
+ */
+static int coll_tensor(PyObject *obj, const char *what, DLManagedTensor **m_p)
+{
+	DLManagedTensor *m;
+
+	if (tfabpy_dlpack_import(obj, &m) < 0)
+		return -1;
+	if (m->dl_tensor.device.device_type != kDLCPU) {
+		m->deleter(m);
+		PyErr_Format(PyExc_ValueError,
+			     "tfab: %s takes CPU tensors (copy a GPU tensor to the host first)",
+			     what);
+		return -1;
+	}
+	if (!tfabpy_is_compact(&m->dl_tensor)) {
+		m->deleter(m);
+		PyErr_Format(PyExc_ValueError,
+			     "tfab: %s takes contiguous (row-major) tensors; make one with "
+			     "numpy.ascontiguousarray() or .contiguous()",
+			     what);
+		return -1;
+	}
+	*m_p = m;
+	return 0;
+}
+
+static uint64_t nbytes_of(const DLTensor *t)
+{
+	uint64_t n = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7) / 8;
+
+	for (int i = 0; i < t->ndim; i++)
+		n *= (uint64_t)t->shape[i];
+	return n;
+}
+
+static bool same_dtype(const DLTensor *a, const DLTensor *b)
+{
+	return a->dtype.code == b->dtype.code && a->dtype.bits == b->dtype.bits &&
+	       a->dtype.lanes == b->dtype.lanes;
+}
+
+/* The dtypes the library reduces: float16/32/64, bfloat16, int32, int64. */
+static bool reducible(DLDataType d)
+{
+	if (d.lanes != 1)
+		return false;
+	if (d.code == kDLFloat)
+		return d.bits == 16 || d.bits == 32 || d.bits == 64;
+	if (d.code == kDLBfloat)
+		return d.bits == 16;
+	if (d.code == kDLInt)
+		return d.bits == 32 || d.bits == 64;
+	return false;
+}
+
+static int check_reducible(const char *what, const DLTensor *t)
+{
+	if (reducible(t->dtype))
+		return 0;
+	PyErr_Format(PyExc_TypeError,
+		     "tfab: %s reduces float16, bfloat16, float32, float64, int32 and int64 "
+		     "tensors (DLPack type code %u, %u bits)",
+		     what, (unsigned)t->dtype.code, (unsigned)t->dtype.bits);
+	return -1;
+}
+
+/* After the library refused a collective (its callback will not come). */
+static PyObject *coll_failed(struct tfabpy_world *self, struct coll *co, int rc, const char *what)
+{
+	self->inflight--;
+	coll_free(co);
+	return tfabpy_raise(rc, what);
+}
+
+static int op_arg(int op)
+{
+	if (op < TFAB_OP_SUM || op > TFAB_OP_MAX) {
+		PyErr_Format(PyExc_ValueError, "tfab: no reduction operation %d", op);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *inobj, *outobj, *keyobj, *callback;
+	int op, algo, compress, rc;
+	struct tfab_coll_opts o = {0};
+	DLManagedTensor *in = NULL, *out = NULL;
+	struct coll *co;
+
+	if (!PyArg_ParseTuple(args, "OOiiiOO:allreduce", &inobj, &outobj, &op, &algo, &compress,
+			      &keyobj, &callback))
+		return NULL;
+	if (op_arg(op) < 0)
+		return NULL;
+	if (algo < TFAB_ALGO_AUTO || algo > TFAB_ALGO_RING || compress < TFAB_COMPRESS_NONE ||
+	    compress > TFAB_COMPRESS_INT8)
+		return PyErr_Format(PyExc_ValueError, "tfab: no algorithm %d or compression %d",
+				    algo, compress);
+	if (keyobj != Py_None && !PyUnicode_Check(keyobj) && !PyBytes_Check(keyobj))
+		return PyErr_Format(PyExc_TypeError, "tfab: key= is str, bytes or None");
+	if (!world_usable(self))
+		return NULL;
+	if (coll_tensor(inobj, "allreduce", &in) < 0)
+		return NULL;
+	if (outobj != Py_None && coll_tensor(outobj, "allreduce", &out) < 0)
+		goto err;
+	if (check_reducible("allreduce", &in->dl_tensor) < 0)
+		goto err;
+	if (out && !same_dtype(&in->dl_tensor, &out->dl_tensor)) {
+		PyErr_SetString(PyExc_TypeError, "tfab: allreduce's out= has another dtype");
+		goto err;
+	}
+	if (out && nbytes_of(&in->dl_tensor) != nbytes_of(&out->dl_tensor)) {
+		PyErr_SetString(PyExc_ValueError,
+				"tfab: allreduce's out= has another number of elements");
+		goto err;
+	}
+	co = coll_new(self, callback);
+	if (!co)
+		goto err;
+	co->in = in;
+	co->out = out;
+	o.algo = (enum tfab_coll_algo)algo;
+	o.compress = (enum tfab_compress)compress;
+	if (keyobj != Py_None) {
+		co->key = PyUnicode_Check(keyobj) ? PyUnicode_AsUTF8String(keyobj) : keyobj;
+		if (co->key == keyobj)
+			Py_INCREF(keyobj);
+		if (!co->key) {
+			coll_free(co);
+			return NULL;
+		}
+		o.key = PyBytes_AS_STRING(co->key);
+		if (strlen(o.key) != (size_t)PyBytes_GET_SIZE(co->key)) {
+			coll_free(co);
+			return PyErr_Format(PyExc_ValueError, "tfab: a key has no NUL");
+		}
+	}
+	self->inflight++;
+	BUSY(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		rc = tfab_allreduce(self->w, &in->dl_tensor, out ? &out->dl_tensor : &in->dl_tensor,
+				    (enum tfab_op)op, &o, on_coll, co);
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	if (rc)
+		return coll_failed(self, co, rc, "allreduce");
+	Py_RETURN_NONE;
+err:
+	if (in)
+		in->deleter(in);
+	if (out)
+		out->deleter(out);
+	return NULL;
+}
+
+static PyObject *world_broadcast(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *obj, *callback;
+	int root, rc;
+	DLManagedTensor *t = NULL;
+	struct coll *co;
+
+	if (!PyArg_ParseTuple(args, "OiO:broadcast", &obj, &root, &callback))
+		return NULL;
+	if (!world_usable(self))
+		return NULL;
+	if (root < 0 || root >= tfab_world_size(self->w))
+		return PyErr_Format(PyExc_ValueError, "tfab: no root %d in a world of %d", root,
+				    tfab_world_size(self->w));
+	if (coll_tensor(obj, "broadcast", &t) < 0)
+		return NULL;
+	co = coll_new(self, callback);
+	if (!co) {
+		t->deleter(t);
+		return NULL;
+	}
+	co->in = t;
+	self->inflight++;
+	BUSY(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		rc = tfab_broadcast(self->w, &t->dl_tensor, root, on_coll, co);
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	if (rc)
+		return coll_failed(self, co, rc, "broadcast");
+	Py_RETURN_NONE;
+}
+
+/* allgather (reduce = false) and reduce_scatter: in and out with out = size x in or in / size. */
+static PyObject *gather_scatter(struct tfabpy_world *self, PyObject *inobj, PyObject *outobj,
+				int op, PyObject *callback, bool reduce)
+{
+	const char *what = reduce ? "reduce_scatter" : "allgather";
+	DLManagedTensor *in = NULL, *out = NULL;
+	uint64_t inb, outb, size;
+	struct coll *co;
+	int rc;
+
+	if (!world_usable(self))
+		return NULL;
+	size = (uint64_t)tfab_world_size(self->w);
+	if (coll_tensor(inobj, what, &in) < 0)
+		return NULL;
+	if (coll_tensor(outobj, what, &out) < 0)
+		goto err;
+	if (reduce && check_reducible(what, &in->dl_tensor) < 0)
+		goto err;
+	if (!same_dtype(&in->dl_tensor, &out->dl_tensor)) {
+		PyErr_Format(PyExc_TypeError, "tfab: %s's out has another dtype", what);
+		goto err;
+	}
+	inb = nbytes_of(&in->dl_tensor);
+	outb = nbytes_of(&out->dl_tensor);
+	if (reduce ? inb != outb * size : outb != inb * size) {
+		PyErr_Format(PyExc_ValueError,
+			     reduce ? "tfab: reduce_scatter's input holds the world's size (%llu) "
+				      "times out's elements"
+				    : "tfab: allgather's out holds the world's size (%llu) times "
+				      "the input's elements",
+			     (unsigned long long)size);
+		goto err;
+	}
+	co = coll_new(self, callback);
+	if (!co)
+		goto err;
+	co->in = in;
+	co->out = out;
+	self->inflight++;
+	BUSY(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		if (reduce)
+			rc = tfab_reduce_scatter(self->w, &in->dl_tensor, &out->dl_tensor,
+						 (enum tfab_op)op, on_coll, co);
+		else
+			rc = tfab_allgather(self->w, &in->dl_tensor, &out->dl_tensor, on_coll, co);
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	if (rc)
+		return coll_failed(self, co, rc, what);
+	Py_RETURN_NONE;
+err:
+	if (in)
+		in->deleter(in);
+	if (out)
+		out->deleter(out);
+	return NULL;
+}
+
+static PyObject *world_allgather(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *in, *out, *callback;
+
+	if (!PyArg_ParseTuple(args, "OOO:allgather", &in, &out, &callback))
+		return NULL;
+	return gather_scatter(self, in, out, 0, callback, false);
+}
+
+static PyObject *world_reduce_scatter(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *in, *out, *callback;
+	int op;
+
+	if (!PyArg_ParseTuple(args, "OOiO:reduce_scatter", &in, &out, &op, &callback))
+		return NULL;
+	if (op_arg(op) < 0)
+		return NULL;
+	return gather_scatter(self, in, out, op, callback, true);
+}
+
+static PyObject *world_barrier(struct tfabpy_world *self, PyObject *callback)
+{
+	struct coll *co;
+	int rc;
+
+	if (!world_usable(self))
+		return NULL;
+	co = coll_new(self, callback);
+	if (!co)
+		return NULL;
+	self->inflight++;
+	BUSY(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		rc = tfab_barrier(self->w, on_coll, co);
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	if (rc)
+		return coll_failed(self, co, rc, "barrier");
+	Py_RETURN_NONE;
+}
+
+static PyObject *world_get_rank(struct tfabpy_world *self, void *closure)
+{
+	(void)closure;
+	if (!world_usable(self))
+		return NULL;
+	return PyLong_FromLong(tfab_world_rank(self->w));
+}
+
+static PyObject *world_get_size(struct tfabpy_world *self, void *closure)
+{
+	(void)closure;
+	if (!world_usable(self))
+		return NULL;
+	return PyLong_FromLong(tfab_world_size(self->w));
+}
+
+static PyObject *world_get_joined(struct tfabpy_world *self, void *closure)
+{
+	(void)closure;
+	return PyBool_FromLong(self->w != NULL);
+}
+
+static PyObject *world_get_inflight(struct tfabpy_world *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->inflight);
+}
+
+static PyMethodDef world_methods[] = {
+    {"wait", (PyCFunction)world_wait, METH_VARARGS, NULL},
+    {"leave", (PyCFunction)world_leave, METH_VARARGS, NULL},
+    {"name", (PyCFunction)world_name, METH_O, NULL},
+    {"peer", (PyCFunction)world_peer, METH_O, NULL},
+    {"allreduce", (PyCFunction)world_allreduce, METH_VARARGS, NULL},
+    {"broadcast", (PyCFunction)world_broadcast, METH_VARARGS, NULL},
+    {"allgather", (PyCFunction)world_allgather, METH_VARARGS, NULL},
+    {"reduce_scatter", (PyCFunction)world_reduce_scatter, METH_VARARGS, NULL},
+    {"barrier", (PyCFunction)world_barrier, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef world_getset[] = {
+    {"rank", (getter)world_get_rank, NULL, NULL, NULL},
+    {"size", (getter)world_get_size, NULL, NULL, NULL},
+    {"joined", (getter)world_get_joined, NULL, NULL, NULL},
+    {"inflight", (getter)world_get_inflight, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject tfabpy_world_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tfab._tfab.World",
+    .tp_basicsize = sizeof(struct tfabpy_world),
+    .tp_dealloc = (destructor)world_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The C world; tfab.World is the one to use.",
+    .tp_weaklistoffset = offsetof(struct tfabpy_world, weakrefs),
+    .tp_methods = world_methods,
+    .tp_getset = world_getset,
+    .tp_init = (initproc)world_init,
+    .tp_new = PyType_GenericNew,
+};
