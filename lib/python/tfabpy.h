@@ -8,7 +8,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <pthread.h>
 #include <stdbool.h>
 
 #include <tfab/tfab.h>
@@ -46,8 +45,6 @@ struct tfabpy_world {
 	struct tfab_world *w; /* NULL once left */
 	long inflight;	      /* collectives started that have not called back */
 	long busy;	      /* calls inside the library with the GIL released */
-	bool cb_seen;	      /* a collective called back, last on cb_thread */
-	pthread_t cb_thread;
 	PyObject *weakrefs;
 };
 

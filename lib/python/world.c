@@ -41,29 +41,12 @@ static bool world_usable(struct tfabpy_world *self)
 	return tfabpy_context_usable(self->owner);
 }
 
-/*
- * Before tfab_world_leave (GIL released): a collective's library callback is still running
- * the world for a moment after its completion returned (coll.c's drive takes the world's
- * lock again), and tfab_world_leave does not wait for it: a world left at once by another
- * thread is freed under it. Where the last completion came on another thread (the progress
- * thread), give it time to get out; self NULL: not known, wait.
- */
-static void settle(const struct tfabpy_world *self)
-{
-	struct timespec pause = {0, 20000000};
-
-	if (!self || (self->cb_seen && !pthread_equal(self->cb_thread, pthread_self())))
-		nanosleep(&pause, NULL);
-}
-
 /* Leaves w (no collective in flight, not inside a callback); the GIL released. */
-static int world_leave_now(const struct tfabpy_world *self, struct tfab_world *w)
+static int world_leave_now(struct tfab_world *w)
 {
 	PyThreadState *ts = PyEval_SaveThread();
-	int rc;
+	int rc = tfab_world_leave(w);
 
-	settle(self);
-	rc = tfab_world_leave(w);
 	PyEval_RestoreThread(ts);
 	return rc;
 }
@@ -72,7 +55,7 @@ static int world_leave_now(const struct tfabpy_world *self, struct tfab_world *w
 static void leave_parked(struct tfabpy_context *c)
 {
 	if (c->world && !c->world_obj && !tfabpy_in_callback && c->ctx) {
-		if (world_leave_now(NULL, c->world) == 0)
+		if (world_leave_now(c->world) == 0)
 			c->world = NULL;
 	}
 }
@@ -99,7 +82,6 @@ void tfabpy_world_context_closing(struct tfabpy_context *c)
 
 		/* Aborted: what is in flight ends at once, each callback taking the GIL. */
 		tfab_world_wait(w, 10000);
-		settle(self);
 		tfab_world_leave(w);
 		PyEval_RestoreThread(ts);
 	}
@@ -255,7 +237,7 @@ static void world_dealloc(struct tfabpy_world *self)
 		 * running it: the context leaves it later.
 		 */
 		c->world_obj = NULL;
-		if (!tfabpy_in_callback && world_leave_now(self, self->w) == 0)
+		if (!tfabpy_in_callback && world_leave_now(self->w) == 0)
 			c->world = NULL;
 		self->w = NULL;
 	}
@@ -327,10 +309,8 @@ static PyObject *world_leave(struct tfabpy_world *self, PyObject *args)
 		PyThreadState *ts = PyEval_SaveThread();
 
 		rc = tfab_world_wait(self->w, ms);
-		if (rc == 0) {
-			settle(self);
+		if (rc == 0)
 			rc = tfab_world_leave(self->w);
-		}
 		PyEval_RestoreThread(ts);
 	}
 	LEAVE(self);
@@ -429,8 +409,6 @@ static void on_coll(void *arg, int status)
 	/* The tensors go first: the future's waiters may free what they point into. */
 	coll_release_tensors(co);
 	co->world->inflight--;
-	co->world->cb_seen = true;
-	co->world->cb_thread = pthread_self();
 	res = PyObject_CallFunction(co->callback, "i", status);
 	if (!res)
 		PyErr_WriteUnraisable(co->callback);

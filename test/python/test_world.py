@@ -69,8 +69,8 @@ def test_names_peers_and_refusals():
     names = ["/job:worker/task:0", "/job:worker/task:1"]
     assert [g[0] for g in got] == [names, names]
     assert all(paths and all(paths) for _, paths, _ in got)
-    # The library's answer to compression, the same on every rank (EINVAL until built).
-    assert got[0][2] == got[1][2] and got[0][2] in ("ok", "EINVAL"), got
+    # int8 compression within its rounding, and about a quarter of the bytes on the wire.
+    assert got[0][2] == got[1][2] == "ok", got
 
 
 def test_gil_released_in_join_and_waits():
