@@ -663,12 +663,12 @@ static PyObject *received(struct tfabpy_context *c, DLManagedTensor *t, PyObject
 	return tfabpy_tensor_new(c, t, NULL);
 }
 
-static int timeout_arg(PyObject *obj, int *ms_p)
+int tfabpy_timeout_ms(PyObject *obj, int none_ms, int *ms_p)
 {
 	double s;
 
 	if (obj == Py_None) {
-		*ms_p = INT_MAX / 2; /* some 12 days: for ever, to a receive */
+		*ms_p = none_ms;
 		return 0;
 	}
 	s = PyFloat_AsDouble(obj);
@@ -680,6 +680,12 @@ static int timeout_arg(PyObject *obj, int *ms_p)
 	}
 	*ms_p = s * 1000.0 > INT_MAX / 2 ? INT_MAX / 2 : (int)(s * 1000.0 + 0.5);
 	return 0;
+}
+
+/* A timeout in seconds, None for none: some 12 days, which is for ever to a receive. */
+static int timeout_arg(PyObject *obj, int *ms_p)
+{
+	return tfabpy_timeout_ms(obj, INT_MAX / 2, ms_p);
 }
 
 static const char *recv_what(int rc, bool has_out)

@@ -95,4 +95,7 @@ PyObject *tfabpy_peer_of_world(struct tfabpy_context *c, struct tfab_peer *peer,
  */
 void tfabpy_world_context_closing(struct tfabpy_context *c);
 
+/* A timeout argument in seconds (None: none_ms) as milliseconds; -1 with an exception set. */
+int tfabpy_timeout_ms(PyObject *obj, int none_ms, int *ms_p);
+
 #endif

@@ -245,23 +245,10 @@ static void world_dealloc(struct tfabpy_world *self)
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* A timeout in seconds, None for none (-1: the world's waits take that as no bound). */
 static int timeout_ms_of(PyObject *obj, int *ms_p)
 {
-	double s;
-
-	if (obj == Py_None) {
-		*ms_p = -1;
-		return 0;
-	}
-	s = PyFloat_AsDouble(obj);
-	if (s == -1.0 && PyErr_Occurred())
-		return -1;
-	if (s < 0) {
-		PyErr_SetString(PyExc_ValueError, "tfab: timeout must be >= 0 (seconds) or None");
-		return -1;
-	}
-	*ms_p = s * 1000.0 > INT_MAX / 2 ? INT_MAX / 2 : (int)(s * 1000.0 + 0.5);
-	return 0;
+	return tfabpy_timeout_ms(obj, -1, ms_p);
 }
 
 static PyObject *world_wait(struct tfabpy_world *self, PyObject *args)
