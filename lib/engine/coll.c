@@ -584,6 +584,15 @@ static int tensor_bytes(const DLTensor *t, uint8_t **data_p, size_t *nbytes_p)
 	return 0;
 }
 
+/* in's and out's bytes (tensor_bytes of each). */
+static int in_out_bytes(const DLTensor *in, const DLTensor *out, uint8_t **ib_p, size_t *inb_p,
+			uint8_t **ob_p, size_t *onb_p)
+{
+	int rc = tensor_bytes(in, ib_p, inb_p);
+
+	return rc ? rc : tensor_bytes(out, ob_p, onb_p);
+}
+
 /* The element range [*start, *end) of part i of n parts of count elements. */
 static void part(size_t count, int n, int i, size_t *start, size_t *end)
 {
@@ -873,9 +882,7 @@ int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum
 
 	rc = check_world(w, cb);
 	if (rc == 0)
-		rc = tensor_bytes(in, &ib, &inb);
-	if (rc == 0)
-		rc = tensor_bytes(out, &ob, &onb);
+		rc = in_out_bytes(in, out, &ib, &inb, &ob, &onb);
 	if (rc == 0 && (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
 			in->dtype.lanes != out->dtype.lanes || inb != onb))
 		rc = -EINVAL;
@@ -1019,6 +1026,25 @@ int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb,
 }
 
 /*
+ * A ring collective over parts of part_bytes, in pieces (*P_p of them): a send and a receive
+ * per piece and step, N-1 steps.
+ */
+static struct tfab_coll *ring_new(struct tfab_world *w, const char *what, size_t part_bytes,
+				  const uint8_t *in, uint8_t *out, tfab_coll_cb cb, void *arg,
+				  uint32_t *P_p)
+{
+	uint32_t P = pieces_of(w, part_bytes);
+	struct tfab_coll *c = coll_new(w, what, P * 2 * ((uint32_t)w->size - 1), cb, arg);
+
+	if (c) {
+		c->in = in;
+		c->out = out;
+		*P_p = P;
+	}
+	return c;
+}
+
+/*
  * The ring allgather: this rank's part goes into out, and around the ring: G[s] sends part
  * rank - s (its own from in at s = 0, then what A[s-1] received), A[s] receives part
  * rank - s - 1 into out.
@@ -1034,9 +1060,7 @@ int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab
 	int N, r;
 
 	if (rc == 0)
-		rc = tensor_bytes(in, &ib, &inb);
-	if (rc == 0)
-		rc = tensor_bytes(out, &ob, &onb);
+		rc = in_out_bytes(in, out, &ib, &inb, &ob, &onb);
 	if (rc == 0 && onb != inb * (size_t)w->size)
 		rc = -EINVAL;
 	if (rc) {
@@ -1047,13 +1071,10 @@ int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab
 	N = w->size;
 	r = w->rank;
 	k = (uint32_t)N - 1;
-	P = pieces_of(w, inb);
-	c = coll_new(w, "allgather", P * 2 * k, cb, arg);
+	c = ring_new(w, "allgather", inb, ib, ob, cb, arg, &P);
 	if (!c)
 		return -ENOMEM;
 	c->esize = 1;
-	c->in = ib;
-	c->out = ob;
 	c->nbytes = inb;
 	if (ib != ob + (size_t)r * inb)
 		memmove(ob + (size_t)r * inb, ib, inb);
@@ -1094,9 +1115,7 @@ int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 	int N, r;
 
 	if (rc == 0)
-		rc = tensor_bytes(in, &ib, &inb);
-	if (rc == 0)
-		rc = tensor_bytes(out, &ob, &onb);
+		rc = in_out_bytes(in, out, &ib, &inb, &ob, &onb);
 	if (rc == 0 && (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
 			in->dtype.lanes != out->dtype.lanes || inb != onb * (size_t)w->size))
 		rc = -EINVAL;
@@ -1112,15 +1131,12 @@ int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 	N = w->size;
 	r = w->rank;
 	k = (uint32_t)N - 1;
-	P = pieces_of(w, onb);
-	c = coll_new(w, "reduce_scatter", P * 2 * k, cb, arg);
+	c = ring_new(w, "reduce_scatter", onb, ib, ob, cb, arg, &P);
 	if (!c)
 		return -ENOMEM;
 	c->op = op;
 	c->rt = rt;
 	c->esize = tfab__rtype_size(rt);
-	c->in = ib;
-	c->out = ob;
 	c->nbytes = onb;
 	if (N == 1 && ib != ob)
 		memmove(ob, ib, onb);
