@@ -15,7 +15,7 @@ packages=(
 	libcmocka-dev valgrind clang-format libssl-dev
 	# lib/python: the Python package and its tests (Debian's python3)
 	python3-dev python3-numpy python3-torch python3-pytest python3-sklearn
-	# test/fuzz: libFuzzer targets (CI fuzzes each for 45 s)
+	# test/fuzz: libFuzzer targets (CI fuzzes each for 30 s)
 	clang libclang-rt-14-dev
 	# test/verbs: real kernel verbs (soft-RoCE) inside a QEMU VM
 	qemu-system-x86 busybox-static ibverbs-utils kmod iproute2
