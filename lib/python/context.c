@@ -322,35 +322,28 @@ static uint64_t mono_ns(void)
 }
 
 /*
- * progress_wait(future, timeout): drive progress until future.done() or timeout seconds
- * (negative: no limit) pass; whether it is done. The polling runs in C with the GIL released
- * (a completion's callback takes it to complete the future), and the future is asked only
- * after progress handled something, or every IDLE_CHECK idle polls (another thread may
- * complete it): a fetch costs no Python-level loop. yield_idle: an idle poll yields the core
- * (sched_yield), as tfab_world_wait does: a collective waits for every rank, and ranks that
- * outnumber the cores must not be kept off them by the ones that wait.
+ * Drive progress until the future is done or the timeout passes. The polling runs in C with
+ * the GIL released (a completion's callback takes it to complete the future), and the future
+ * is asked only after progress handled something, or every IDLE_CHECK idle polls (another
+ * thread may complete it): a fetch costs no Python-level loop. yield_idle: an idle poll
+ * yields the core (sched_yield), as tfab_world_wait does: a collective waits for every rank,
+ * and ranks that outnumber the cores must not be kept off them by the ones that wait.
  */
 #define IDLE_CHECK 256
-static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
+int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double timeout, int yield_idle)
 {
-	PyObject *future, *r;
-	double timeout;
-	uint64_t deadline;
-	int rc = 0, done, yield_idle = 0;
+	uint64_t deadline = timeout < 0 ? UINT64_MAX : mono_ns() + (uint64_t)(timeout * 1e9);
+	int rc = 0, done;
 
-	if (!PyArg_ParseTuple(args, "Od|p:progress_wait", &future, &timeout, &yield_idle))
-		return NULL;
-	deadline = timeout < 0 ? UINT64_MAX : mono_ns() + (uint64_t)(timeout * 1e9);
 	for (;;) {
-		if (!(r = PyObject_CallMethod(future, "done", NULL)))
-			return NULL;
-		done = PyObject_IsTrue(r);
-		Py_DECREF(r);
-		if (done < 0)
-			return NULL;
+		if ((done = tfabpy_future_done(future)) < 0)
+			return -1;
 		if (done || mono_ns() >= deadline)
-			return PyBool_FromLong(done);
-		ENTER(c);
+			return done;
+		if (!tfabpy_context_usable(c))
+			return -1;
+		c->busy++; /* ENTER's, for a function that returns an int */
+		tfabpy_clear_last_error();
 		{
 			PyThreadState *ts = PyEval_SaveThread();
 
@@ -362,15 +355,30 @@ static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
 			PyEval_RestoreThread(ts);
 		}
 		LEAVE(c);
-		if (rc < 0)
-			return tfabpy_raise(rc, "progress");
+		if (rc < 0) {
+			tfabpy_raise(rc, "progress");
+			return -1;
+		}
 		rc = 0;
 		if (PyErr_CheckSignals() < 0)
-			return NULL;
+			return -1;
 	}
 }
 
-/* The peer argument: None, or a Peer of this context. */
+/* progress_wait(future, timeout, yield_idle=False): the above; whether it is done. */
+static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
+{
+	PyObject *future;
+	double timeout;
+	int yield_idle = 0, done;
+
+	if (!PyArg_ParseTuple(args, "Od|p:progress_wait", &future, &timeout, &yield_idle))
+		return NULL;
+	if ((done = tfabpy_progress_wait(c, future, timeout, yield_idle)) < 0)
+		return NULL;
+	return PyBool_FromLong(done);
+}
+
 static int peer_arg(struct tfabpy_context *c, PyObject *obj, struct tfab_peer **peer_p,
 		    bool required)
 {
@@ -474,6 +482,14 @@ static void op_call(struct op *op, PyObject *args)
 	Py_XDECREF(res);
 }
 
+/* An operation whose callback is a tfab.Future: result on success, else the exception. */
+static void op_settle(struct op *op, int status, PyObject *result, const char *what)
+{
+	if ((status ? tfabpy_future_fail(op->callback, status, what)
+		    : tfabpy_future_set(op->callback, result)) < 0)
+		PyErr_WriteUnraisable(op->callback);
+}
+
 static void on_sent(void *arg, int status)
 {
 	struct op *op = arg;
@@ -484,7 +500,10 @@ static void on_sent(void *arg, int status)
 	if (op->tensor && op->tensor->deleter)
 		op->tensor->deleter(op->tensor);
 	op->tensor = NULL;
-	op_call(op, Py_BuildValue("(i)", status));
+	if (tfabpy_is_future(op->callback))
+		op_settle(op, status, Py_None, "send");
+	else
+		op_call(op, Py_BuildValue("(i)", status));
 	op_free(op);
 	tfabpy_in_callback--;
 	PyGILState_Release(g);
@@ -759,7 +778,16 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 		tensor = Py_None;
 		Py_INCREF(tensor);
 	}
-	op_call(op, Py_BuildValue("(iNO)", status, tensor, is_dead ? Py_True : Py_False));
+	if (tfabpy_is_future(op->callback)) { /* with out=, the future's result is out itself */
+		op_settle(op, status,
+			  is_dead   ? Py_None
+			  : op->out ? op->out
+				    : tensor,
+			  op->out ? recv_what(-EINVAL, true) : "recv");
+		Py_DECREF(tensor);
+	} else {
+		op_call(op, Py_BuildValue("(iNO)", status, tensor, is_dead ? Py_True : Py_False));
+	}
 	op_free(op);
 	tfabpy_in_callback--;
 	PyGILState_Release(g);

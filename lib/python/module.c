@@ -1,5 +1,6 @@
 /*
- * The tfab._tfab extension module: its types (Context, Peer, Tensor, World), the errors it
+ * The tfab._tfab extension module: its types (Context, Peer, Tensor, World, FutureBase), the
+ * errors it
  * raises (classes from tfab.errors) and the log sink that remembers each thread's last library
  * error for the exception's text.
  */
@@ -150,7 +151,7 @@ PyMODINIT_FUNC PyInit__tfab(void)
 	m = PyModule_Create(&module_def);
 	if (!m)
 		return NULL;
-	if (tfabpy_errors_init(m) < 0)
+	if (tfabpy_errors_init(m) < 0 || tfabpy_future_init(m) < 0)
 		goto err;
 	Py_INCREF(&tfabpy_context_type);
 	if (PyModule_AddObject(m, "Context", (PyObject *)&tfabpy_context_type) < 0)

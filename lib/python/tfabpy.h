@@ -60,6 +60,7 @@ extern PyTypeObject tfabpy_context_type;
 extern PyTypeObject tfabpy_peer_type;
 extern PyTypeObject tfabpy_tensor_type;
 extern PyTypeObject tfabpy_world_type;
+extern PyTypeObject tfabpy_future_type; /* FutureBase: tfab.Future's C half (future.c) */
 
 /* Nonzero while this thread runs one of the binding's callbacks. */
 extern _Thread_local int tfabpy_in_callback;
@@ -94,6 +95,25 @@ PyObject *tfabpy_peer_of_world(struct tfabpy_context *c, struct tfab_peer *peer,
  * ended (after an abort they end at once). Called with the GIL, which it releases to wait.
  */
 void tfabpy_world_context_closing(struct tfabpy_context *c);
+
+/* Whether o is a tfab.Future: a send's or receive's callback that future.c completes. */
+static inline bool tfabpy_is_future(PyObject *o)
+{
+	return PyObject_TypeCheck(o, &tfabpy_future_type);
+}
+/* Complete fut with result (set_result, without a Python frame where nothing waits on it). */
+int tfabpy_future_set(PyObject *fut, PyObject *result);
+/* Fail fut with tfab's exception for status (negative), what naming the operation. */
+int tfabpy_future_fail(PyObject *fut, int status, const char *what);
+/* fut.done() (any object with done()); -1 with an exception set on error. */
+int tfabpy_future_done(PyObject *fut);
+int tfabpy_future_init(PyObject *module);
+/*
+ * Drive c's progress with the GIL released until fut is done or timeout seconds (negative:
+ * no limit) pass, yield_idle yielding the core on idle polls: 1 when done, 0 when not, -1
+ * with an exception set.
+ */
+int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *fut, double timeout, int yield_idle);
 
 /* A timeout argument in seconds (None: none_ms) as milliseconds; -1 with an exception set. */
 int tfabpy_timeout_ms(PyObject *obj, int none_ms, int *ms_p);

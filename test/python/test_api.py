@@ -248,6 +248,50 @@ def test_future_completed_from_another_thread():
         assert isinstance(failed.exception(), ValueError)
 
 
+def test_library_completion_tells_waiters(pair):
+    # A receive's future is completed by the library's callback in C (lib/python/future.c),
+    # which writes the result straight in unless something waits on the future: then it goes
+    # through set_result, which notifies. Each of the three ways to wait comes before the
+    # send, on the progress thread's completion; a waiter not told would sit out its timeout.
+    import concurrent.futures as cf
+    a, b, pa, pb = pair
+    start = time.monotonic()
+    for i in range(60):
+        f = b.recv_async(pb, "told", i)
+        seen = []
+        if i % 3 == 0:
+            f.add_done_callback(lambda x: seen.append(int(np.from_dlpack(x.result())[0])))
+        done = threading.Event()
+
+        def wait(f=f, i=i):
+            if i % 3 == 1:
+                cf.wait([f], timeout=60)
+            else:
+                f.result(timeout=60)
+            done.set()
+
+        th = threading.Thread(target=wait)
+        th.start()
+        time.sleep(0.002)  # the waiter (or callback) is in place before the send
+        a.send("told", i, np.array([i]))
+        assert done.wait(30), "a waiter was not told of the library's completion"
+        th.join(30)
+        assert int(np.from_dlpack(f.result(0))[0]) == i
+        if i % 3 == 0:
+            assert seen == [i]
+    assert time.monotonic() - start < 30
+    # and with nothing waiting, the C path: a send's future and a receive into out=
+    out = np.zeros(1, np.int64)
+    f = b.recv_async(pb, "told", 100, out=out)
+    s = a.send("told", 100, np.array([7]))
+    assert f.result(30) is out and out[0] == 7
+    assert s.result(30) is None and s.done() and s.exception() is None
+    failed = b.recv_async(pb, "never", 1)
+    b.step_cleanup(1)
+    with pytest.raises(tfab.Error):
+        failed.result(30)
+
+
 def test_abort_fails_pending(pair):
     a, b, pa, pb = pair
     f = b.recv_async(pb, "ab", 1)

@@ -59,43 +59,49 @@ except ImportError:  # pragma: no cover
     _ndarray = None
 
 
-class Future(_cf.Future):
+class Future(_tfab.FutureBase, _cf.Future):
     """A ``concurrent.futures.Future`` for a send or a receive. Without a progress thread,
     ``result()`` and ``exception()`` drive the context's progress while they wait. From
     asyncio: ``await asyncio.wrap_future(f)`` (with ``progress_thread=True``, or a task that
     calls ``ctx.progress()``). It cannot be cancelled: use ``step_cleanup`` or ``abort``."""
 
-    # concurrent.futures.Future makes a threading.Condition per future and takes it in every
-    # call; a fetch's future is made, completed and read once, mostly by one thread. Here the
-    # condition is made only when a thread waits on it, or installs a waiter or a callback,
-    # and completion writes the state first and then notifies whatever found the condition:
-    # under the GIL, a waiter that made it before the write is notified, one that made it
-    # after sees the state (python-api tests the threads and asyncio).
-
-    def __init__(self, ctx: "Context"):
-        # what concurrent.futures.Future.__init__ sets, bar the condition
-        self._state = _RUNNING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks = []
-        self._ctx = ctx
+    # A fetch's future is made, completed and read once, mostly by one thread: FutureBase
+    # (lib/python/future.c) does those in C, and concurrent.futures.Future's per-future
+    # condition and lists are made only when a thread waits, installs a waiter or a callback
+    # (the properties below). Completion writes the state first and then notifies whatever
+    # found the condition: under the GIL, a waiter that made it before the write is notified,
+    # one that made it after sees the state (python-api tests the threads and asyncio).
+    # Class defaults, until an instance sets its own:
+    _state = _RUNNING
+    _result = None
+    _exception = None
+    _ctx = None
+    _cond = None
+    _waiter_list = None
+    _callbacks = None
 
     @property
     def _condition(self):
-        cond = self.__dict__.get("_cond")
+        cond = self._cond
         if cond is None:
             cond = self.__dict__.setdefault("_cond", _threading.Condition())
         return cond
 
-    def done(self):
-        return self._state in _DONE
+    @property
+    def _waiters(self):
+        return self._waiter_list if self._waiter_list is not None else \
+            self.__dict__.setdefault("_waiter_list", [])
+
+    @property
+    def _done_callbacks(self):
+        return self._callbacks if self._callbacks is not None else \
+            self.__dict__.setdefault("_callbacks", [])
 
     def _finish(self, exception):
         if self._state in _DONE:
             raise _cf.InvalidStateError("tfab: %r is already done" % (self,))
         self._state = _FINISHED
-        cond = self.__dict__.get("_cond")
+        cond = self._cond
         if cond is not None:
             with cond:
                 for waiter in self._waiters:
@@ -104,7 +110,7 @@ class Future(_cf.Future):
                     else:
                         waiter.add_exception(self)
                 cond.notify_all()
-        if self._done_callbacks:
+        if self._callbacks:
             self._invoke_callbacks()
 
     def set_result(self, result):
@@ -115,19 +121,9 @@ class Future(_cf.Future):
         self._exception = exception
         self._finish(exception)
 
-    # Completions, called by the library (with the GIL) on the thread that drives progress.
-
-    def _send_done(self, status):
-        if status:
-            self.set_exception(errors._from_status(status, "send"))
-        else:
-            self.set_result(None)
-
-    def _recv_done(self, status, tensor, dead):
-        if status:
-            self.set_exception(errors._from_status(status, "recv"))
-        else:
-            self.set_result(None if dead else tensor)
+    def _fail(self, status, what):
+        """A send's or receive's failure (status negative), from the library's callback."""
+        self.set_exception(errors._from_status(status, what))
 
     def _coll_callback(self, what, result):
         """A collective's completion: the future gets result (its tensor) or the failure."""
@@ -142,33 +138,6 @@ class Future(_cf.Future):
 
     # A collective's: waiting yields the core while idle (its ranks may outnumber the cores).
     _yield_idle = False
-
-    def _wait(self, timeout):
-        ctx = self._ctx
-        if self.done() or ctx is None or ctx._c.progress_thread:
-            return
-        try:
-            ctx._c.progress_wait(self, -1.0 if timeout is None else float(timeout),
-                                 self._yield_idle)
-        except Exception:
-            return  # a closed context: its operations end on their own
-
-    def result(self, timeout=None):
-        if self._state != _FINISHED:
-            self._wait(timeout)
-        if self._state == _FINISHED:
-            if self._exception is not None:
-                raise self._exception
-            return self._result
-        return super().result(timeout=0 if self._needs_drive() else timeout)
-
-    def exception(self, timeout=None):
-        if self._state != _FINISHED:
-            self._wait(timeout)
-        return super().exception(timeout=0 if self._needs_drive() else timeout)
-
-    def _needs_drive(self):
-        return self._ctx is not None and not self._ctx._c.progress_thread
 
 
 def _strings_of(tensor):
@@ -299,9 +268,9 @@ class Context:
         fut = Future(self)
         if type(tensor) is _ndarray and tensor.dtype.kind not in "OSUV":
             # a NumPy array of numbers: no string tensor, no torch bool to bridge
-            self._c.send(key, step, tensor, is_dead, peer, fut._send_done)
+            self._c.send(key, step, tensor, is_dead, peer, fut)
             return fut
-        cb = fut._send_done
+        cb = fut
         if tensor is None:
             if not is_dead:
                 raise TypeError("tfab: send() needs a tensor unless is_dead")
@@ -350,7 +319,7 @@ class Context:
     def recv_async(self, peer: Peer, key, step: int, out=None, any_shape: bool = False) -> Future:
         """recv() without waiting: a Future of what recv() returns."""
         fut = Future(self)
-        cb = fut._recv_done if out is None else _recv_callback(fut, out, any_shape)
+        cb = _recv_callback(fut, out, any_shape) if any_shape else fut
         self._c.recv_async(peer, key, step, out, any_shape, cb)
         return fut
 
