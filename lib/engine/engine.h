@@ -19,6 +19,7 @@
 #include "engine/wire.h"
 #include "providers/provider.h"
 #include "util/config.h"
+#include "util/freelist.h"
 #include "util/hash.h"
 #include "util/list.h"
 
@@ -319,6 +320,7 @@ struct tfab_context {
 	uint32_t req_cap, req_nfree;
 	/* sends by (key, step), and requests that came before their send */
 	struct tfab_htable sends;
+	struct tfab_freelist send_fl;	 /* struct tfab_send, taken and put under the lock */
 	struct tfab_htable parked;	 /* struct tfab_response by (key, step) */
 	struct tfab_list writes_pending; /* content writes that met -EAGAIN */
 	struct tfab_list staging;	 /* GPU sends whose chunks are being staged */
@@ -580,7 +582,7 @@ uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
 int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key, int64_t step,
 		     const struct tfab_wire_meta *meta, void *data, bool data_pool, bool gpu,
 		     tfab_send_cb cb, void *arg);
-/* Free a finished send and what it owns. */
+/* Free a finished send and what it owns, under the lock. */
 void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
 
 /* strings.c */

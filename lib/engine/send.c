@@ -217,7 +217,7 @@ void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s)
 	if (s->proxy)
 		tfab__pool_free(ctx->pool, s->proxy);
 	free(s->chunk_copy);
-	free(s);
+	tfab__freelist_put(&ctx->send_fl, s);
 }
 
 static void answer(struct tfab_context *ctx, struct tfab_send *s);
@@ -891,10 +891,19 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 		rc = -EINVAL;
 	if (rc)
 		goto err_data;
-	s = malloc(sizeof(*s));
+	tfab__ctx_lock(ctx);
+	if (ctx->abort_status) {
+		rc = ctx->abort_status;
+		goto err_locked;
+	}
+	if (to && to->failed) {
+		rc = to->failed;
+		goto err_locked;
+	}
+	s = tfab__freelist_get(&ctx->send_fl);
 	if (!s) {
 		rc = -ENOMEM;
-		goto err_data;
+		goto err_locked;
 	}
 	memset(s, 0, offsetof(struct tfab_send, meta));
 	memset(&s->resp, 0, offsetof(struct tfab_response, meta));
@@ -916,15 +925,6 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	tfab__list_init(&s->link);
 	tfab__list_init(&s->done_link);
 
-	tfab__ctx_lock(ctx);
-	if (ctx->abort_status) {
-		rc = ctx->abort_status;
-		goto err;
-	}
-	if (to && to->failed) {
-		rc = to->failed;
-		goto err;
-	}
 	if (send_overlaps(ctx, key, (uint16_t)key_len, step_id, to)) {
 		TFAB_ERROR(SUBSYS, "'%s' step %lld is already being sent%s", key,
 			   (long long)step_id, to ? " to that peer, or to any" : "");
@@ -956,9 +956,11 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	tfab__ctx_unlock(ctx);
 	return 0;
 err:
-	tfab__ctx_unlock(ctx);
 	tfab__send_free(ctx, s);
+	tfab__ctx_unlock(ctx);
 	return rc;
+err_locked:
+	tfab__ctx_unlock(ctx);
 err_data:
 	if (data_pool && data)
 		tfab__pool_free(ctx->pool, data);

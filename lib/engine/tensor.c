@@ -140,10 +140,12 @@ static void tensor_of_meta(DLTensor *t, const struct tfab_wire_meta *meta, int64
 DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
 				   void *data)
 {
-	struct tfab_managed *m = calloc(1, sizeof(*m));
+	struct tfab_managed *m = malloc(sizeof(*m));
 
 	if (!m)
 		return NULL;
+	/* The shape's storage is written as far as ndim, not zeroed: one per receive. */
+	memset(m, 0, offsetof(struct tfab_managed, shape));
 	m->ctx = ctx;
 	tensor_of_meta(&m->dl.dl_tensor, meta, m->shape, data);
 	m->dl.dl_tensor.device.device_type = kDLCPU;
@@ -166,10 +168,11 @@ static void view_delete(DLManagedTensor *dl)
 
 DLManagedTensor *tfab__view_new(const struct tfab_wire_meta *meta, const DLTensor *dest)
 {
-	struct tfab_view *v = calloc(1, sizeof(*v));
+	struct tfab_view *v = malloc(sizeof(*v));
 
 	if (!v)
 		return NULL;
+	memset(v, 0, offsetof(struct tfab_view, shape));
 	tensor_of_meta(&v->dl.dl_tensor, meta, v->shape, dest->data);
 	v->dl.dl_tensor.byte_offset = dest->byte_offset;
 	v->dl.dl_tensor.device = dest->device;

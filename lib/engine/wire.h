@@ -168,8 +168,6 @@ struct tfab_wire_msg {
 	 * key (key_len 0) names it by key_index alone.
 	 */
 	uint32_t key_index;
-	/* TENSOR_REQUEST (with META_VALID) and META_DATA */
-	struct tfab_wire_meta meta;
 	/*
 	 * TENSOR_REQUEST with AHEAD: nahead more requests, for steps step_id + 1 on; from ahead
 	 * (encode) or little-endian at ahead_le (decode); tfab__wire_ahead_at reads either.
@@ -189,6 +187,11 @@ struct tfab_wire_msg {
 	uint16_t ntaken;
 	const uint32_t *taken;
 	const uint8_t *taken_le;
+	/*
+	 * TENSOR_REQUEST (with META_VALID) and META_DATA. Last, so that a decode writes no
+	 * more of the shape than meta.ndim entries: those after them are left as they were.
+	 */
+	struct tfab_wire_meta meta;
 };
 
 /* The i-th request index (0 <= i < ntaken) of a TAKEN message. */
