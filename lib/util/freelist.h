@@ -11,6 +11,26 @@
 #include <stddef.h>
 #include <string.h>
 
+/*
+ * Under AddressSanitizer a free item is poisoned past its link, so that a use after put is
+ * reported as malloc's would be (the items are not malloc'd one by one).
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define TFAB_FREELIST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TFAB_FREELIST_ASAN 1
+#endif
+#endif
+#ifdef TFAB_FREELIST_ASAN
+#include <sanitizer/asan_interface.h>
+#define TFAB_FREELIST_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define TFAB_FREELIST_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define TFAB_FREELIST_POISON(p, n) ((void)(p), (void)(n))
+#define TFAB_FREELIST_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 struct tfab_freelist {
 	size_t item_size;   /* at least a pointer */
 	unsigned per_chunk; /* items a chunk holds */
@@ -33,6 +53,7 @@ static inline void *tfab__freelist_get(struct tfab_freelist *fl)
 		return NULL;
 	item = fl->free;
 	memcpy(&fl->free, item, sizeof(fl->free));
+	TFAB_FREELIST_UNPOISON(item, fl->item_size);
 	return item;
 }
 
@@ -40,6 +61,7 @@ static inline void tfab__freelist_put(struct tfab_freelist *fl, void *item)
 {
 	memcpy(item, &fl->free, sizeof(fl->free));
 	fl->free = item;
+	TFAB_FREELIST_POISON((char *)item + sizeof(fl->free), fl->item_size - sizeof(fl->free));
 }
 
 /* Frees every chunk: items still handed out are gone too. */

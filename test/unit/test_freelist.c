@@ -62,6 +62,26 @@ static void test_get_put(void **state)
 	assert_null(fl.free);
 }
 
+#ifdef TFAB_FREELIST_ASAN
+/* Under AddressSanitizer (CI's sanitizer pass) a free item is poisoned past its link, so that
+ * a use after put is reported, and an item handed out is whole again. */
+static void test_asan_poison(void **state)
+{
+	struct tfab_freelist fl = TFAB_FREELIST_INIT(struct item, 4);
+	struct item *a = tfab__freelist_get(&fl);
+
+	assert_false(__asan_region_is_poisoned(a, sizeof(*a)));
+	tfab__freelist_put(&fl, a);
+	assert_false(__asan_address_is_poisoned(&a->first)); /* the link */
+	assert_true(__asan_address_is_poisoned(&a->tag));
+	assert_true(__asan_address_is_poisoned(&a->payload[36]));
+	assert_ptr_equal(tfab__freelist_get(&fl), a);
+	assert_false(__asan_region_is_poisoned(a, sizeof(*a)));
+	(void)state;
+	tfab__freelist_fini(&fl);
+}
+#endif
+
 /* The last item put back is the first handed out (the hot one stays in cache). */
 static void test_lifo(void **state)
 {
@@ -83,6 +103,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_get_put),
 	    cmocka_unit_test(test_lifo),
+#ifdef TFAB_FREELIST_ASAN
+	    cmocka_unit_test(test_asan_poison),
+#endif
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
