@@ -3,92 +3,94 @@
  * Future from it and from concurrent.futures.Future, in that order).
  *
  * A fetch's future is made, completed and read once, mostly by one thread, and at 8 bytes
- * its Python frames cost more than the fetch. So those three steps run here: made with one
- * attribute set (the rest are class defaults); completed by the send's or receive's callback
- * in C, which writes _result and then _state; read by result(), whose wait drives progress
- * with the GIL released (tfabpy_progress_wait). What concurrent.futures.Future's own methods
- * need (_condition, _waiters, _done_callbacks) is made lazily by tfab.Future's properties, in
- * the instance attributes _cond, _waiter_list and _callbacks. Completion takes the fast way
- * only while none of those exist; otherwise it calls set_result(), which notifies them. Under
- * the GIL a thread that makes one before the write is notified, and one that makes it after
- * sees the state.
+ * its Python frames cost more than the fetch. So those three steps run here, on fields of the
+ * object rather than attributes in its dictionary: concurrent.futures.Future's own methods
+ * reach the same fields as _state, _result, _exception (member descriptors, which come before
+ * the instance dictionary). A send's or receive's callback completes the future in C, writing
+ * the result and then the state; result() reads them, its wait driving progress with the GIL
+ * released (tfabpy_progress_wait). What else concurrent.futures needs (_condition, _waiters,
+ * _done_callbacks) tfab.Future's properties make lazily, in the fields _cond, _waiter_list and
+ * _callbacks. Completion takes the fast way only while none of those exist; otherwise it calls
+ * set_result(), which notifies them. Under the GIL a thread that makes one before the write is
+ * notified, and one that makes it after sees the state.
  */
 #include "tfabpy.h"
 
-static PyObject *finished;	     /* concurrent.futures._base.FINISHED */
+#include <structmember.h>
+
+struct tfabpy_future {
+	PyObject_HEAD PyObject *state; /* _state: a concurrent.futures state (RUNNING at first) */
+	PyObject *result;	       /* _result */
+	PyObject *exception;	       /* _exception */
+	PyObject *ctx;		       /* _ctx: the tfab.Context whose progress a wait drives */
+	PyObject *cond;		       /* _cond, _waiter_list, _callbacks: made when needed */
+	PyObject *waiters;
+	PyObject *callbacks;
+	char yield_idle; /* _yield_idle: a wait yields the core on idle polls (collectives) */
+};
+
+static PyObject *running;	     /* concurrent.futures._base.RUNNING */
+static PyObject *finished;	     /* ... FINISHED */
 static PyObject *cancelled;	     /* ... CANCELLED */
 static PyObject *cancelled_notified; /* ... CANCELLED_AND_NOTIFIED */
 static PyObject *base_result;	     /* concurrent.futures.Future.result */
 static PyObject *base_exception;     /* concurrent.futures.Future.exception */
-static PyObject *s_state, *s_result, *s_exception, *s_ctx, *s_c, *s_cond, *s_callbacks, *s_waiters,
-    *s_yield_idle, *s_set_result;
+static PyObject *s_c, *s_set_result;
 
-/* 1 when the attribute is set on the instance (not None), 0 when not, -1 on error. */
-static int attr_set(PyObject *o, PyObject *name)
+#define FUT(o) ((struct tfabpy_future *)(o))
+
+/* Whether state is which: the module's own objects, or an equal string. */
+static bool state_is(PyObject *state, PyObject *which)
 {
-	PyObject *v = PyObject_GetAttr(o, name);
-	int set;
-
-	if (!v)
-		return -1;
-	set = v != Py_None;
-	Py_DECREF(v);
-	return set;
+	return state == which ||
+	       (state && PyUnicode_Check(state) && PyUnicode_Compare(state, which) == 0);
 }
 
-static int state_is(PyObject *state, PyObject *which)
+static bool done_state(PyObject *state)
 {
-	return state == which || PyUnicode_Compare(state, which) == 0;
+	return state_is(state, finished) || state_is(state, cancelled) ||
+	       state_is(state, cancelled_notified);
 }
 
 int tfabpy_future_done(PyObject *fut)
 {
-	PyObject *state, *r;
+	PyObject *r;
 	int done;
 
-	if (!tfabpy_is_future(fut)) {
-		if (!(r = PyObject_CallMethod(fut, "done", NULL)))
-			return -1;
-		done = PyObject_IsTrue(r);
-		Py_DECREF(r);
-		return done;
-	}
-	if (!(state = PyObject_GetAttr(fut, s_state)))
+	if (tfabpy_is_future(fut))
+		return done_state(FUT(fut)->state);
+	if (!(r = PyObject_CallMethod(fut, "done", NULL)))
 		return -1;
-	done = state_is(state, finished) || state_is(state, cancelled) ||
-	       state_is(state, cancelled_notified);
-	Py_DECREF(state);
+	done = PyObject_IsTrue(r);
+	Py_DECREF(r);
 	return done;
+}
+
+/* Field *slot takes a new reference to v. */
+static void field_set(PyObject **slot, PyObject *v)
+{
+	PyObject *old = *slot;
+
+	Py_INCREF(v);
+	*slot = v;
+	Py_XDECREF(old);
 }
 
 int tfabpy_future_set(PyObject *fut, PyObject *result)
 {
-	PyObject *state, *r;
-	int running, slow;
+	struct tfabpy_future *f = FUT(fut);
+	PyObject *r;
 
-	if (!(state = PyObject_GetAttr(fut, s_state)))
-		return -1;
-	running = !state_is(state, finished) && !state_is(state, cancelled) &&
-		  !state_is(state, cancelled_notified);
-	Py_DECREF(state);
-	slow = !running;
-	if (!slow) {
-		int cond = attr_set(fut, s_cond), cbs = attr_set(fut, s_callbacks),
-		    waiters = attr_set(fut, s_waiters);
-
-		if (cond < 0 || cbs < 0 || waiters < 0)
-			return -1;
-		slow = cond || cbs || waiters;
-	}
-	if (slow) { /* something waits, or it is done already: set_result says what follows */
-		if (!(r = PyObject_CallMethodOneArg(fut, s_set_result, result)))
-			return -1;
-		Py_DECREF(r);
+	if (state_is(f->state, running) && !f->cond && !f->waiters && !f->callbacks) {
+		field_set(&f->result, result);
+		field_set(&f->state, finished);
 		return 0;
 	}
-	if (PyObject_SetAttr(fut, s_result, result) < 0)
+	/* something waits, or it is done already: set_result says what follows */
+	if (!(r = PyObject_CallMethodOneArg(fut, s_set_result, result)))
 		return -1;
-	return PyObject_SetAttr(fut, s_state, finished);
+	Py_DECREF(r);
+	return 0;
 }
 
 int tfabpy_future_fail(PyObject *fut, int status, const char *what)
@@ -102,21 +104,22 @@ int tfabpy_future_fail(PyObject *fut, int status, const char *what)
 }
 
 /* What a finished future holds: its result, or its exception raised. */
-static PyObject *outcome(PyObject *fut, bool want_exception)
+static PyObject *outcome(struct tfabpy_future *f, bool want_exception)
 {
-	PyObject *exc = PyObject_GetAttr(fut, s_exception);
+	PyObject *exc = f->exception && f->exception != Py_None ? f->exception : NULL;
 
-	if (!exc)
-		return NULL;
-	if (want_exception)
+	if (want_exception) {
+		exc = exc ? exc : Py_None;
+		Py_INCREF(exc);
 		return exc;
-	if (exc != Py_None) {
+	}
+	if (exc) {
 		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-		Py_DECREF(exc);
 		return NULL;
 	}
-	Py_DECREF(exc);
-	return PyObject_GetAttr(fut, s_result);
+	exc = f->result ? f->result : Py_None;
+	Py_INCREF(exc);
+	return exc;
 }
 
 /*
@@ -125,84 +128,65 @@ static PyObject *outcome(PyObject *fut, bool want_exception)
  * the base class must not wait again: nothing would drive it), or -1 on error. A context
  * closed meanwhile is not an error: its operations end on their own.
  */
-static int drive(PyObject *fut, PyObject *timeout)
+static int drive(struct tfabpy_future *f, PyObject *timeout)
 {
-	PyObject *ctx, *c = NULL, *y;
+	PyObject *c;
 	double seconds = -1.0;
-	int yield_idle, rc = 0;
+	int rc = 0;
 
-	if (!(ctx = PyObject_GetAttr(fut, s_ctx)))
+	if (!f->ctx || f->ctx == Py_None)
+		return 0;
+	if (!(c = PyObject_GetAttr(f->ctx, s_c)))
 		return -1;
-	if (ctx == Py_None)
-		goto out;
-	if (!(c = PyObject_GetAttr(ctx, s_c)))
-		goto fail;
 	if (!PyObject_TypeCheck(c, &tfabpy_context_type) ||
 	    ((struct tfabpy_context *)c)->progress_thread)
 		goto out;
 	rc = 1;
 	if (timeout != Py_None) {
 		seconds = PyFloat_AsDouble(timeout);
-		if (seconds == -1.0 && PyErr_Occurred())
-			goto fail;
+		if (seconds == -1.0 && PyErr_Occurred()) {
+			rc = -1;
+			goto out;
+		}
 		if (seconds < 0)
 			seconds = 0;
 	}
-	if (!(y = PyObject_GetAttr(fut, s_yield_idle)))
-		goto fail;
-	yield_idle = PyObject_IsTrue(y);
-	Py_DECREF(y);
-	if (yield_idle < 0)
-		goto fail;
-	if (tfabpy_progress_wait((struct tfabpy_context *)c, fut, seconds, yield_idle) < 0) {
+	if (tfabpy_progress_wait((struct tfabpy_context *)c, (PyObject *)f, seconds,
+				 f->yield_idle) < 0) {
 		if (!PyErr_ExceptionMatches(PyExc_Exception))
-			goto fail; /* an interrupt */
-		PyErr_Clear();
+			rc = -1; /* an interrupt */
+		else
+			PyErr_Clear();
 	}
 out:
-	Py_XDECREF(c);
-	Py_DECREF(ctx);
+	Py_DECREF(c);
 	return rc;
-fail:
-	Py_XDECREF(c);
-	Py_DECREF(ctx);
-	return -1;
 }
 
 /* result() and exception(): concurrent.futures' meaning, with the wait driving progress. */
 static PyObject *wait_outcome(PyObject *fut, PyObject *args, PyObject *kw, bool want_exception)
 {
 	static char *kwlist[] = {"timeout", NULL};
-	PyObject *timeout = Py_None, *state;
-	int done, drove;
+	struct tfabpy_future *f = FUT(fut);
+	PyObject *timeout = Py_None, *t, *r;
+	int drove;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
 		return NULL;
-	if (!(state = PyObject_GetAttr(fut, s_state)))
+	if (state_is(f->state, finished))
+		return outcome(f, want_exception);
+	if ((drove = drive(f, timeout)) < 0)
 		return NULL;
-	done = state_is(state, finished);
-	Py_DECREF(state);
-	if (!done) {
-		if ((drove = drive(fut, timeout)) < 0)
-			return NULL;
-		if (!(state = PyObject_GetAttr(fut, s_state)))
-			return NULL;
-		done = state_is(state, finished);
-		Py_DECREF(state);
-		if (!done) { /* cancelled, timed out or driven elsewhere: the base class says */
-			PyObject *t =
-			    drove ? PyFloat_FromDouble(0.0) : (Py_INCREF(timeout), timeout);
-			PyObject *r;
-
-			if (!t)
-				return NULL;
-			r = PyObject_CallFunctionObjArgs(
-			    want_exception ? base_exception : base_result, fut, t, NULL);
-			Py_DECREF(t);
-			return r;
-		}
-	}
-	return outcome(fut, want_exception);
+	if (state_is(f->state, finished))
+		return outcome(f, want_exception);
+	/* cancelled, timed out or to be completed elsewhere: the base class says */
+	t = drove ? PyFloat_FromDouble(0.0) : (Py_INCREF(timeout), timeout);
+	if (!t)
+		return NULL;
+	r = PyObject_CallFunctionObjArgs(want_exception ? base_exception : base_result, fut, t,
+					 NULL);
+	Py_DECREF(t);
+	return r;
 }
 
 static PyObject *future_result(PyObject *fut, PyObject *args, PyObject *kw)
@@ -231,7 +215,89 @@ static int future_init(PyObject *fut, PyObject *args, PyObject *kw)
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:Future", kwlist, &ctx))
 		return -1;
-	return ctx == Py_None ? 0 : PyObject_SetAttr(fut, s_ctx, ctx);
+	if (ctx != Py_None)
+		field_set(&FUT(fut)->ctx, ctx);
+	return 0;
+}
+
+static PyObject *future_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+	PyObject *fut = type->tp_alloc(type, 0);
+
+	(void)args;
+	(void)kw;
+	if (fut)
+		field_set(&FUT(fut)->state, running);
+	return fut;
+}
+
+static int future_traverse(PyObject *fut, visitproc visit, void *arg)
+{
+	struct tfabpy_future *f = FUT(fut);
+
+	Py_VISIT(f->state);
+	Py_VISIT(f->result);
+	Py_VISIT(f->exception);
+	Py_VISIT(f->ctx);
+	Py_VISIT(f->cond);
+	Py_VISIT(f->waiters);
+	Py_VISIT(f->callbacks);
+	return 0;
+}
+
+static int future_clear(PyObject *fut)
+{
+	struct tfabpy_future *f = FUT(fut);
+
+	Py_CLEAR(f->state);
+	Py_CLEAR(f->result);
+	Py_CLEAR(f->exception);
+	Py_CLEAR(f->ctx);
+	Py_CLEAR(f->cond);
+	Py_CLEAR(f->waiters);
+	Py_CLEAR(f->callbacks);
+	return 0;
+}
+
+static void future_dealloc(PyObject *fut)
+{
+	PyObject_GC_UnTrack(fut);
+	future_clear(fut);
+	Py_TYPE(fut)->tp_free(fut);
+}
+
+static PyMemberDef future_members[] = {
+    {"_state", T_OBJECT, offsetof(struct tfabpy_future, state), 0, NULL},
+    {"_result", T_OBJECT, offsetof(struct tfabpy_future, result), 0, NULL},
+    {"_exception", T_OBJECT, offsetof(struct tfabpy_future, exception), 0, NULL},
+    {"_ctx", T_OBJECT, offsetof(struct tfabpy_future, ctx), 0, NULL},
+    {"_cond", T_OBJECT, offsetof(struct tfabpy_future, cond), 0, NULL},
+    {"_waiter_list", T_OBJECT, offsetof(struct tfabpy_future, waiters), 0, NULL},
+    {"_callbacks", T_OBJECT, offsetof(struct tfabpy_future, callbacks), 0, NULL},
+    {"_yield_idle", T_BOOL, offsetof(struct tfabpy_future, yield_idle), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+/*
+ * _setdefault(i, value): field i (0 _cond, 1 _waiter_list, 2 _callbacks) set to value unless
+ * it holds one already; what it holds. One step under the GIL: two threads that make the
+ * condition at once end up with the same one.
+ */
+static PyObject *future_setdefault(PyObject *fut, PyObject *args)
+{
+	struct tfabpy_future *f = FUT(fut);
+	PyObject **slots[] = {&f->cond, &f->waiters, &f->callbacks}, *value, **slot;
+	int i;
+
+	if (!PyArg_ParseTuple(args, "iO:_setdefault", &i, &value))
+		return NULL;
+	if (i < 0 || i > 2)
+		return PyErr_Format(PyExc_ValueError, "tfab: no field %d", i);
+	slot = slots[i];
+	if (!*slot || *slot == Py_None)
+		field_set(slot, value);
+	Py_INCREF(*slot);
+	return *slot;
 }
 
 static PyMethodDef future_methods[] = {
@@ -241,17 +307,22 @@ static PyMethodDef future_methods[] = {
     {"exception", (PyCFunction)(void (*)(void))future_exception, METH_VARARGS | METH_KEYWORDS,
      "exception(timeout=None): the operation's exception, or None; waits as result() does."},
     {"done", future_done, METH_NOARGS, "done(): whether the operation has ended."},
+    {"_setdefault", future_setdefault, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 PyTypeObject tfabpy_future_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tfab._tfab.FutureBase",
-    .tp_basicsize = sizeof(PyObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_basicsize = sizeof(struct tfabpy_future),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The C half of tfab.Future: made, completed and read without Python frames.",
     .tp_methods = future_methods,
+    .tp_members = future_members,
+    .tp_traverse = future_traverse,
+    .tp_clear = future_clear,
+    .tp_dealloc = future_dealloc,
     .tp_init = future_init,
-    .tp_new = PyType_GenericNew,
+    .tp_new = future_new,
 };
 
 int tfabpy_future_init(PyObject *module)
@@ -261,27 +332,16 @@ int tfabpy_future_init(PyObject *module)
 
 	if (!base)
 		return -1;
-	if (!(finished = PyObject_GetAttrString(base, "FINISHED")) ||
+	if (!(running = PyObject_GetAttrString(base, "RUNNING")) ||
+	    !(finished = PyObject_GetAttrString(base, "FINISHED")) ||
 	    !(cancelled = PyObject_GetAttrString(base, "CANCELLED")) ||
 	    !(cancelled_notified = PyObject_GetAttrString(base, "CANCELLED_AND_NOTIFIED")) ||
 	    !(cls = PyObject_GetAttrString(base, "Future")) ||
 	    !(base_result = PyObject_GetAttrString(cls, "result")) ||
-	    !(base_exception = PyObject_GetAttrString(cls, "exception")))
+	    !(base_exception = PyObject_GetAttrString(cls, "exception")) ||
+	    !(s_c = PyUnicode_InternFromString("_c")) ||
+	    !(s_set_result = PyUnicode_InternFromString("set_result")))
 		goto out;
-#define INTERN(var, text)                                \
-	if (!((var) = PyUnicode_InternFromString(text))) \
-	goto out
-	INTERN(s_state, "_state");
-	INTERN(s_result, "_result");
-	INTERN(s_exception, "_exception");
-	INTERN(s_ctx, "_ctx");
-	INTERN(s_c, "_c");
-	INTERN(s_cond, "_cond");
-	INTERN(s_callbacks, "_callbacks");
-	INTERN(s_waiters, "_waiter_list");
-	INTERN(s_yield_idle, "_yield_idle");
-	INTERN(s_set_result, "set_result");
-#undef INTERN
 	if (PyType_Ready(&tfabpy_future_type) < 0)
 		goto out;
 	Py_INCREF(&tfabpy_future_type);

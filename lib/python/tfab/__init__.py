@@ -66,36 +66,28 @@ class Future(_tfab.FutureBase, _cf.Future):
     calls ``ctx.progress()``). It cannot be cancelled: use ``step_cleanup`` or ``abort``."""
 
     # A fetch's future is made, completed and read once, mostly by one thread: FutureBase
-    # (lib/python/future.c) does those in C, and concurrent.futures.Future's per-future
+    # (lib/python/future.c) does those in C, on its fields (_state, _result, _exception, _ctx,
+    # _cond, _waiter_list, _callbacks, _yield_idle: a collective's wait yields the core while
+    # idle, its ranks may outnumber the cores), and concurrent.futures.Future's per-future
     # condition and lists are made only when a thread waits, installs a waiter or a callback
     # (the properties below). Completion writes the state first and then notifies whatever
     # found the condition: under the GIL, a waiter that made it before the write is notified,
     # one that made it after sees the state (python-api tests the threads and asyncio).
-    # Class defaults, until an instance sets its own:
-    _state = _RUNNING
-    _result = None
-    _exception = None
-    _ctx = None
-    _cond = None
-    _waiter_list = None
-    _callbacks = None
 
     @property
     def _condition(self):
         cond = self._cond
-        if cond is None:
-            cond = self.__dict__.setdefault("_cond", _threading.Condition())
-        return cond
+        return cond if cond is not None else self._setdefault(0, _threading.Condition())
 
     @property
     def _waiters(self):
-        return self._waiter_list if self._waiter_list is not None else \
-            self.__dict__.setdefault("_waiter_list", [])
+        w = self._waiter_list
+        return w if w is not None else self._setdefault(1, [])
 
     @property
     def _done_callbacks(self):
-        return self._callbacks if self._callbacks is not None else \
-            self.__dict__.setdefault("_callbacks", [])
+        cbs = self._callbacks
+        return cbs if cbs is not None else self._setdefault(2, [])
 
     def _finish(self, exception):
         if self._state in _DONE:
@@ -136,8 +128,6 @@ class Future(_tfab.FutureBase, _cf.Future):
                 self.set_result(result)
         return done
 
-    # A collective's: waiting yields the core while idle (its ranks may outnumber the cores).
-    _yield_idle = False
 
 
 def _strings_of(tensor):
