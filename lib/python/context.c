@@ -333,11 +333,11 @@ static uint64_t mono_ns(void)
 int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double timeout, int yield_idle)
 {
 	uint64_t deadline = timeout < 0 ? UINT64_MAX : mono_ns() + (uint64_t)(timeout * 1e9);
-	int rc = 0, done;
+	int rc = 0;
+	bool done;
 
 	for (;;) {
-		if ((done = tfabpy_future_done(future)) < 0)
-			return -1;
+		done = tfabpy_future_done(future);
 		if (done || mono_ns() >= deadline)
 			return done;
 		if (!tfabpy_context_usable(c))
@@ -365,20 +365,7 @@ int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double time
 	}
 }
 
-/* progress_wait(future, timeout, yield_idle=False): the above; whether it is done. */
-static PyObject *context_progress_wait(struct tfabpy_context *c, PyObject *args)
-{
-	PyObject *future;
-	double timeout;
-	int yield_idle = 0, done;
-
-	if (!PyArg_ParseTuple(args, "Od|p:progress_wait", &future, &timeout, &yield_idle))
-		return NULL;
-	if ((done = tfabpy_progress_wait(c, future, timeout, yield_idle)) < 0)
-		return NULL;
-	return PyBool_FromLong(done);
-}
-
+/* The peer argument: None, or a Peer of this context. */
 static int peer_arg(struct tfabpy_context *c, PyObject *obj, struct tfab_peer **peer_p,
 		    bool required)
 {
@@ -1122,7 +1109,6 @@ static PyMethodDef context_methods[] = {
     {"connect", (PyCFunction)(void (*)(void))context_connect, METH_VARARGS | METH_KEYWORDS, NULL},
     {"peer_create", (PyCFunction)context_peer_create, METH_NOARGS, NULL},
     {"progress", (PyCFunction)context_progress, METH_NOARGS, NULL},
-    {"progress_wait", (PyCFunction)context_progress_wait, METH_VARARGS, NULL},
     {"send", (PyCFunction)context_send, METH_VARARGS, NULL},
     {"send_strings", (PyCFunction)context_send_strings, METH_VARARGS, NULL},
     {"recv", (PyCFunction)context_recv, METH_VARARGS, NULL},

@@ -52,18 +52,9 @@ static bool done_state(PyObject *state)
 	       state_is(state, cancelled_notified);
 }
 
-int tfabpy_future_done(PyObject *fut)
+bool tfabpy_future_done(PyObject *fut)
 {
-	PyObject *r;
-	int done;
-
-	if (tfabpy_is_future(fut))
-		return done_state(FUT(fut)->state);
-	if (!(r = PyObject_CallMethod(fut, "done", NULL)))
-		return -1;
-	done = PyObject_IsTrue(r);
-	Py_DECREF(r);
-	return done;
+	return done_state(FUT(fut)->state);
 }
 
 /* Field *slot takes a new reference to v. */

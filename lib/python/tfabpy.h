@@ -105,8 +105,8 @@ static inline bool tfabpy_is_future(PyObject *o)
 int tfabpy_future_set(PyObject *fut, PyObject *result);
 /* Fail fut with tfab's exception for status (negative), what naming the operation. */
 int tfabpy_future_fail(PyObject *fut, int status, const char *what);
-/* fut.done() (any object with done()); -1 with an exception set on error. */
-int tfabpy_future_done(PyObject *fut);
+/* fut.done(), for a tfab.Future. */
+bool tfabpy_future_done(PyObject *fut);
 int tfabpy_future_init(PyObject *module);
 /*
  * Drive c's progress with the GIL released until fut is done or timeout seconds (negative:
