@@ -1121,9 +1121,12 @@ static int env_int(const char *name, int dflt)
 
 /*
  * Steps of many keys, every tensor checked; resident memory flat from step 100 on; control
- * writes per receive below 0.5 where a slot may carry several messages (TFAB_CTRL_BATCH=1: a
+ * writes per receive below 0.75 where a slot may carry several messages (TFAB_CTRL_BATCH=1: a
  * step's requests queue behind the credit window and go many to a write), one or more where
- * it may not (0, the default).
+ * it may not (0). How many share a write depends on how far the queue runs ahead of the
+ * writes: about 0.1 a receive when the caller drives progress, and from 0.1 to 0.51 with a
+ * progress thread writing as soon as a request is queued (seen under ASan on 2 busy cores);
+ * unbatched is 1.0 and more.
  */
 static int sc_many_keys(struct mp *mp)
 {
@@ -1192,7 +1195,7 @@ static int sc_many_keys(struct mp *mp)
 				st0.writes_ctrl - st0.writes_credit - st0.writes_content) /
 			   fetches);
 		if (nkeys >= 1000 && batch)
-			CHECK(cw < 0.5);
+			CHECK(cw < 0.75);
 		else if (nkeys >= 1000)
 			CHECK(cw >= 1.0);
 	}
