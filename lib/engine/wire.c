@@ -29,6 +29,7 @@ static const uint16_t allowed_flags[] = {
     [TFAB_MSG_CANCEL] = 0,
     [TFAB_MSG_TAKEN] = 0,
     [TFAB_MSG_RETIRE] = 0,
+    [TFAB_MSG_COLL_DATA] = TFAB_MSGF_DEAD,
 };
 
 /* Writing: the caller has checked the room, so the cursor only advances. */
@@ -360,7 +361,7 @@ static bool has_meta(const struct tfab_wire_msg *m)
 /* The rules both sides apply; pointers are checked by the encoder only. */
 static bool msg_valid(const struct tfab_wire_msg *m)
 {
-	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_RETIRE)
+	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_COLL_DATA)
 		return false;
 	if (m->flags & ~allowed_flags[m->type] || m->credits > TFAB_WIRE_MAX_SLOTS)
 		return false;
@@ -385,6 +386,11 @@ static bool msg_valid(const struct tfab_wire_msg *m)
 	case TFAB_MSG_TAKEN:
 	case TFAB_MSG_RETIRE:
 		return m->ntaken >= 1 && m->ntaken <= TFAB_WIRE_MAX_TAKEN;
+	case TFAB_MSG_COLL_DATA:
+		/* a dead operand carries no bytes; a live one at least one */
+		return (m->flags & TFAB_MSGF_DEAD)
+			   ? m->data_len == 0
+			   : m->data_len >= 1 && m->data_len <= TFAB_WIRE_MAX_COLL_DATA;
 	default:
 		return true;
 	}
@@ -407,6 +413,8 @@ static size_t msg_payload(const struct tfab_wire_msg *m)
 	case TFAB_MSG_TAKEN:
 	case TFAB_MSG_RETIRE:
 		return TAKEN_FIXED + 4 * (size_t)(m->ntaken - 1);
+	case TFAB_MSG_COLL_DATA:
+		return TFAB_WIRE_COLL_FIXED + (size_t)m->data_len;
 	default:
 		return 4;
 	}
@@ -427,6 +435,8 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 	    !m->taken && !m->taken_le)
 		return -EINVAL;
 	if ((m->flags & TFAB_MSGF_AHEAD) && !m->ahead && !m->ahead_le)
+		return -EINVAL;
+	if (m->type == TFAB_MSG_COLL_DATA && m->data_len && !m->data)
 		return -EINVAL;
 	payload = msg_payload(m);
 	need = TFAB_WIRE_MSG_HDR + payload;
@@ -477,6 +487,13 @@ int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap,
 		p = put_le(p, m->ntaken - 1u, 2);
 		for (unsigned i = 1; i < m->ntaken; i++)
 			p = put_le(p, tfab__wire_taken_at(m, i), 4);
+		break;
+	case TFAB_MSG_COLL_DATA:
+		p = put_le(p, (uint64_t)m->step_id, 8);
+		p = put_le(p, m->key_index, 4);
+		p = put_le(p, m->coll_tag, 1);
+		p = put_le(p, m->data_len, 2);
+		put_bytes(p, m->data, m->data_len);
 		break;
 	default:
 		break;
@@ -582,6 +599,13 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 		out.taken_le = get_bytes(&r, 4 * more);
 		break;
 	}
+	case TFAB_MSG_COLL_DATA:
+		out.step_id = to_s64(get_le(&r, 8));
+		out.key_index = (uint32_t)get_le(&r, 4);
+		out.coll_tag = (uint8_t)get_le(&r, 1);
+		out.data_len = (uint16_t)get_le(&r, 2);
+		out.data = out.data_len ? get_bytes(&r, out.data_len) : NULL;
+		break;
 	default:
 		return -TFAB_ERR_PROTOCOL;
 	}

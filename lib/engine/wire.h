@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TFAB_WIRE_VERSION 5
+#define TFAB_WIRE_VERSION 6
 #define TFAB_WIRE_MAGIC 0x42414654u
 #define TFAB_WIRE_BLOB_HDR 24
 #define TFAB_WIRE_PATH_HDR 20 /* each path entry, before its name and address */
@@ -105,7 +105,8 @@ enum tfab_wire_type {
 	TFAB_MSG_ERROR = 3,
 	TFAB_MSG_CANCEL = 4,
 	TFAB_MSG_TAKEN = 5,
-	TFAB_MSG_RETIRE = 6, /* key indexes the receiver gave up (protocol.md, "Key indexes") */
+	TFAB_MSG_RETIRE = 6,	/* key indexes the receiver gave up (protocol.md, "Key indexes") */
+	TFAB_MSG_COLL_DATA = 7, /* a collective's small operand, eager (protocol.md) */
 };
 
 /* Request indexes one TAKEN message carries: its req_index and up to 250 more. */
@@ -117,7 +118,12 @@ enum {
 	TFAB_MSGF_COMPLETE = 4,
 	TFAB_MSGF_KEY_INDEX = 8, /* TENSOR_REQUEST: key_index follows the key (or replaces it) */
 	TFAB_MSGF_AHEAD = 16, /* TENSOR_REQUEST: requests for the next steps follow the meta-data */
+	TFAB_MSGF_DEAD = 32,  /* COLL_DATA: no bytes; the sender's collective failed */
 };
+
+/* COLL_DATA: its fields before the bytes, and the most bytes one carries (in the 1024-byte slot). */
+#define TFAB_WIRE_COLL_FIXED 19
+#define TFAB_WIRE_MAX_COLL_DATA 960
 
 /*
  * One more request that a TENSOR_REQUEST with AHEAD carries: for the step after the one
@@ -187,6 +193,13 @@ struct tfab_wire_msg {
 	uint16_t ntaken;
 	const uint32_t *taken;
 	const uint8_t *taken_le;
+	/*
+	 * COLL_DATA: the collective's step in step_id, the operation's step in req_index and its
+	 * piece in key_index, its tag (a letter) in coll_tag; data_len bytes at data.
+	 */
+	uint8_t coll_tag;
+	uint16_t data_len;
+	const uint8_t *data;
 	/*
 	 * TENSOR_REQUEST (with META_VALID) and META_DATA. Last, so that a decode writes no
 	 * more of the shape than meta.ndim entries: those after them are left as they were.

@@ -181,6 +181,14 @@ static void assert_msg_equal(const struct tfab_wire_msg *a, const struct tfab_wi
 		if (a->errmsg_len)
 			assert_memory_equal(a->errmsg, b->errmsg, a->errmsg_len);
 	}
+	if (a->type == TFAB_MSG_COLL_DATA) {
+		assert_true(a->step_id == b->step_id);
+		assert_int_equal(a->key_index, b->key_index);
+		assert_int_equal(a->coll_tag, b->coll_tag);
+		assert_int_equal(a->data_len, b->data_len);
+		if (a->data_len)
+			assert_memory_equal(a->data, b->data, a->data_len);
+	}
 	if (a->type == TFAB_MSG_TAKEN || a->type == TFAB_MSG_RETIRE) {
 		assert_int_equal(a->ntaken, b->ntaken);
 		for (unsigned i = 0; i < a->ntaken; i++)
@@ -317,7 +325,7 @@ enum {
 static const uint8_t blob_bytes[] = {
     /* header */
     0x54, 0x46, 0x41, 0x42,	  /* magic "TFAB" */
-    0x05, 0x00,			  /* version */
+    0x06, 0x00,			  /* version */
     0x02, 0x00,			  /* npaths */
     0x40, 0x00, 0x00, 0x00,	  /* ring_slots 64 */
     0x00, 0x04, 0x00, 0x00,	  /* slot_size 1024 */
@@ -674,7 +682,8 @@ static void test_blob_reject_header(void **state)
 	blob_reject_patched(B_VERSION, 2, 2, -TFAB_ERR_VERSION); /* one slot, one message */
 	blob_reject_patched(B_VERSION, 3, 2, -TFAB_ERR_VERSION); /* no key indexes */
 	blob_reject_patched(B_VERSION, 4, 2, -TFAB_ERR_VERSION); /* no requests ahead */
-	blob_reject_patched(B_VERSION, 6, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 5, 2, -TFAB_ERR_VERSION); /* no COLL_DATA */
+	blob_reject_patched(B_VERSION, 7, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0x200, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0xffff, 2, -TFAB_ERR_VERSION);
 	/* ...a version 1 blob too, whole or cut anywhere after its version... */
@@ -967,7 +976,7 @@ static void test_blob_encode_nospace(void **state)
 /* Pinned against doc/protocol.md: header, TENSOR_REQUEST, then the meta-data table. */
 static const uint8_t request_bytes[] = {
     /* header */
-    0x05,		    /* version */
+    0x06,		    /* version */
     0x01,		    /* type TENSOR_REQUEST */
     0x03, 0x00,		    /* flags META_VALID | REREQUEST */
     0x48, 0x00, 0x00, 0x00, /* length 72 */
@@ -994,7 +1003,7 @@ static const uint8_t request_bytes[] = {
 };
 
 static const uint8_t meta_data_bytes[] = {
-    0x05, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
+    0x06, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
     0x14, 0x00, 0x00, 0x00,			    /* length 20 */
     0x07, 0x00, 0x00, 0x00,			    /* seq */
     0x00, 0x00, 0x00, 0x00,			    /* more 0, reserved */
@@ -1005,7 +1014,7 @@ static const uint8_t meta_data_bytes[] = {
 };
 
 static const uint8_t error_bytes[] = {
-    0x05, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
+    0x06, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
     0x0c, 0x00, 0x00, 0x00, /* length 12 */
     0x01, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1016,7 +1025,7 @@ static const uint8_t error_bytes[] = {
 };
 
 static const uint8_t cancel_bytes[] = {
-    0x05, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
+    0x06, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
     0x04, 0x00, 0x00, 0x00, /* length 4 */
     0xff, 0xff, 0xff, 0xff, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1024,7 +1033,7 @@ static const uint8_t cancel_bytes[] = {
 };
 
 static const uint8_t taken_bytes[] = {
-    0x05, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x06, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
     0x0e, 0x00, 0x00, 0x00, /* length 14 */
     0x03, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1033,6 +1042,85 @@ static const uint8_t taken_bytes[] = {
     0x02, 0x00, 0x20, 0x00, /* the second */
     0xff, 0xff, 0xff, 0x7f, /* the third */
 };
+
+static const uint8_t coll_data_bytes[] = {
+    0x06, 0x07, 0x00, 0x00,			    /* version, COLL_DATA, no flags */
+    0x1b, 0x00, 0x00, 0x00,			    /* length 27: 19 and 8 bytes */
+    0x09, 0x00, 0x00, 0x00,			    /* seq */
+    0x00, 0x00, 0x00, 0x00,			    /* more 0, credits 0 */
+    0x02, 0x00, 0x00, 0x00,			    /* req_index: the operation's step 2 */
+    0x05, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x80, /* step_id INT64_MIN + 5 */
+    0x01, 0x00, 0x00, 0x00,			    /* key_index: piece 1 */
+    0x64,					    /* tag 'd' */
+    0x08, 0x00,					    /* 8 bytes */
+    0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08,
+};
+
+/* COLL_DATA (version 6): its bytes, its round trip and what a decode refuses. */
+static void test_coll_data(void **state)
+{
+	static const uint8_t eight[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+	uint8_t big[TFAB_WIRE_MAX_COLL_DATA + 1] = {0}, slot[SLOT], buf[64];
+	struct tfab_wire_msg m = {.type = TFAB_MSG_COLL_DATA,
+				  .seq = 9,
+				  .req_index = 2,
+				  .step_id = INT64_MIN + 5,
+				  .key_index = 1,
+				  .coll_tag = 'd',
+				  .data_len = 8,
+				  .data = eight};
+	size_t len;
+
+	(void)state;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), 0);
+	assert_int_equal(len, sizeof(coll_data_bytes));
+	assert_memory_equal(slot, coll_data_bytes, sizeof(coll_data_bytes));
+	msg_round_trip(&m, sizeof(coll_data_bytes));
+	/* The largest fits a slot of the minimum size, with room for a TAKEN behind it. */
+	m.data = big;
+	m.data_len = TFAB_WIRE_MAX_COLL_DATA;
+	assert_true(msg_round_trip(&m, TFAB_WIRE_MSG_HDR + TFAB_WIRE_COLL_FIXED +
+					   TFAB_WIRE_MAX_COLL_DATA) <= TFAB_WIRE_MIN_SLOT - 16);
+	/* A dead operand: no bytes. */
+	m.flags = TFAB_MSGF_DEAD;
+	m.data_len = 0;
+	m.data = NULL;
+	msg_round_trip(&m, TFAB_WIRE_MSG_HDR + TFAB_WIRE_COLL_FIXED);
+	/* The encoder refuses what the decoder would. */
+	m.data_len = 1;
+	m.data = eight;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.flags = 0;
+	m.data_len = 0;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.data_len = TFAB_WIRE_MAX_COLL_DATA + 1;
+	m.data = big;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+	m.flags = TFAB_MSGF_AHEAD;
+	m.data_len = 8;
+	assert_int_equal(tfab__wire_msg_encode(&m, slot, sizeof(slot), &len), -EINVAL);
+
+	/* Decoding: DEAD with bytes, no bytes without DEAD, a length unlike the payload. */
+	memcpy(buf, coll_data_bytes, sizeof(coll_data_bytes));
+	buf[2] = TFAB_MSGF_DEAD;
+	expect_msg_reject(buf, sizeof(coll_data_bytes), -TFAB_ERR_PROTOCOL);
+	memcpy(buf, coll_data_bytes, sizeof(coll_data_bytes));
+	buf[2] = TFAB_MSGF_AHEAD;
+	expect_msg_reject(buf, sizeof(coll_data_bytes), -TFAB_ERR_PROTOCOL);
+	memcpy(buf, coll_data_bytes, sizeof(coll_data_bytes));
+	buf[4] = 19; /* the payload ends before its bytes */
+	expect_msg_reject(buf, 16 + 19, -TFAB_ERR_PROTOCOL);
+	memcpy(buf, coll_data_bytes, sizeof(coll_data_bytes));
+	buf[33] = 9; /* one byte more than the payload holds */
+	expect_msg_reject(buf, sizeof(coll_data_bytes), -TFAB_ERR_PROTOCOL);
+	memcpy(buf, coll_data_bytes, sizeof(coll_data_bytes));
+	buf[33] = 7; /* one byte fewer: a trailing byte */
+	expect_msg_reject(buf, sizeof(coll_data_bytes), -TFAB_ERR_PROTOCOL);
+	memcpy(buf, coll_data_bytes, sizeof(coll_data_bytes));
+	buf[4] = 19;
+	buf[33] = 0; /* no bytes, not DEAD */
+	expect_msg_reject(buf, 16 + 19, -TFAB_ERR_PROTOCOL);
+}
 
 static void sample_request(struct tfab_wire_msg *m)
 {
@@ -2479,6 +2567,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_key_index_round_trip),
+	    cmocka_unit_test(test_coll_data),
 	    cmocka_unit_test(test_ahead_round_trip),
 	    cmocka_unit_test(test_blob_known_bytes),
 	    cmocka_unit_test(test_blob_round_trip),
