@@ -62,11 +62,28 @@ enum op_state {
 	ST_ENDED,
 };
 
+/*
+ * A COLL_DATA message's operand, copied out of the control slot: until the operation it is
+ * for is posted (on the world's early list), and then kept by it where its action keeps the
+ * bytes (as a pool tensor is kept: held).
+ */
+struct eager_msg {
+	struct tfab_list link; /* w->early */
+	struct tfab_peer *from;
+	uint64_t seq; /* the collective's */
+	uint32_t step, piece;
+	char tag;
+	bool dead;
+	uint16_t len;
+	uint8_t bytes[];
+};
+
 struct coll_op {
 	struct tfab_coll *c;
 	uint8_t kind, act, state;
-	bool last; /* ACT_REDUCE: the part's last reduction */
-	char tag;  /* the key: "tfab.c/<tag><step>.<piece>" */
+	bool last;  /* ACT_REDUCE: the part's last reduction */
+	bool eager; /* its bytes travel in a COLL_DATA message (len <= TFAB_COLL_EAGER) */
+	char tag;   /* the key: "tfab.c/<tag><step>.<piece>" */
 	uint8_t nnext;
 	uint16_t ndeps; /* operations still to end before this one is posted */
 	uint32_t step, piece;
@@ -86,9 +103,11 @@ struct coll_op {
 	const float *zsrc;
 	float *resid;
 	uint8_t *zdst;
-	DLManagedTensor *held; /* OP_RECV_POOL: its tensor, while it is needed */
-	int64_t shape;	       /* of view */
-	DLTensor view;	       /* what is sent or received: len bytes */
+	DLManagedTensor *held;	/* OP_RECV_POOL: its tensor, while it is needed */
+	struct eager_msg *kept; /* the same, for an eager one */
+	uint64_t posted_ms;	/* an eager receive: when it was posted (the stall deadline) */
+	int64_t shape;		/* of view */
+	DLTensor view;		/* what is sent or received: len bytes */
 };
 
 struct tfab_coll {
@@ -107,7 +126,8 @@ struct tfab_coll {
 	bool fold; /* direct allreduce: reduce the kept tensors in rank order at the end */
 	enum tfab_compress compress;
 	void *zbuf; /* compressed allreduce: a pool block holding every piece it sends */
-	uint64_t bytes_logical, bytes_wire; /* of its sends */
+	uint64_t bytes_logical, bytes_wire; /* of its sends as tensors (eager ones: eager_send) */
+	bool tensors;			    /* some of its operations go as tensors, not eager */
 	uint8_t *out;
 	const uint8_t *in;
 	size_t nbytes;
@@ -126,6 +146,8 @@ static int mod(int a, int n)
 	return ((a % n) + n) % n;
 }
 
+static const struct tfab_coll_hooks hooks;
+
 int tfab__coll_init(struct tfab_world *w)
 {
 	pthread_condattr_t ca;
@@ -133,8 +155,10 @@ int tfab__coll_init(struct tfab_world *w)
 
 	tfab__list_init(&w->colls);
 	tfab__list_init(&w->runnable);
+	tfab__list_init(&w->early);
 	w->small = w->ctx->cfg.allreduce_small;
 	w->piece = w->ctx->cfg.coll_piece;
+	w->eager = w->ctx->cfg.coll_eager;
 	rc = tfab__htable_init(&w->residuals, 16);
 	if (rc)
 		return rc;
@@ -144,7 +168,31 @@ int tfab__coll_init(struct tfab_world *w)
 	pthread_cond_init(&w->coll_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	w->coll_up = true;
+	if (w->eager) {
+		/* One world per context takes the hooks; another one sends its operands as tensors. */
+		tfab__ctx_lock(w->ctx);
+		if (w->ctx->coll)
+			w->eager = 0;
+		tfab__ctx_unlock(w->ctx);
+		if (w->eager)
+			tfab__ctx_set_coll(w->ctx, &hooks, w);
+	}
 	return 0;
+}
+
+void tfab__coll_joined(struct tfab_world *w)
+{
+	struct tfab_context *ctx = w->ctx;
+
+	/* Under both locks, so that no report of the engine's (on_fail) falls between. */
+	tfab__ctx_lock(ctx);
+	pthread_mutex_lock(&w->coll_lock);
+	w->joined = true;
+	w->aborted = ctx->abort_status;
+	for (int r = 0; r < w->size; r++)
+		w->rank_failed[r] = w->peers[r] ? w->peers[r]->failed : 0;
+	pthread_mutex_unlock(&w->coll_lock);
+	tfab__ctx_unlock(ctx);
 }
 
 int tfab__coll_fini(struct tfab_world *w)
@@ -161,6 +209,14 @@ int tfab__coll_fini(struct tfab_world *w)
 		pthread_cond_wait(&w->coll_cond, &w->coll_lock);
 	pthread_mutex_unlock(&w->coll_lock);
 	tfab__htable_fini_free(&w->residuals);
+	if (w->eager)
+		tfab__ctx_set_coll(w->ctx, NULL, NULL);
+	while (!tfab__list_empty(&w->early)) {
+		struct tfab_list *l = w->early.next;
+
+		tfab__list_del(l);
+		free(tfab_container_of(l, struct eager_msg, link));
+	}
 	pthread_cond_destroy(&w->coll_cond);
 	pthread_mutex_destroy(&w->coll_lock);
 	w->coll_up = false;
@@ -170,18 +226,13 @@ int tfab__coll_fini(struct tfab_world *w)
 static struct tfab_coll *coll_new(struct tfab_world *w, const char *what, uint32_t nops,
 				  tfab_coll_cb cb, void *arg)
 {
-	struct tfab_coll *c = calloc(1, sizeof(*c));
+	/* One allocation: the collective, its operations, then its ready queue. */
+	struct tfab_coll *c = calloc(1, sizeof(*c) + nops * (sizeof(*c->ops) + sizeof(*c->ready)));
 
 	if (!c)
 		return NULL;
-	c->ops = calloc(nops ? nops : 1, sizeof(*c->ops));
-	c->ready = calloc(nops ? nops : 1, sizeof(*c->ready));
-	if (!c->ops || !c->ready) {
-		free(c->ops);
-		free(c->ready);
-		free(c);
-		return NULL;
-	}
+	c->ops = (struct coll_op *)(c + 1);
+	c->ready = (uint32_t *)(c->ops + nops);
 	tfab__list_init(&c->link);
 	tfab__list_init(&c->run_link);
 	c->w = w;
@@ -201,11 +252,10 @@ static void coll_free(struct tfab_coll *c)
 	for (uint32_t i = 0; i < c->nops; i++) {
 		if (c->ops[i].held)
 			c->ops[i].held->deleter(c->ops[i].held);
+		free(c->ops[i].kept);
 	}
 	if (c->zbuf)
 		tfab__pool_free(c->w->ctx->pool, c->zbuf);
-	free(c->ops);
-	free(c->ready);
 	free(c);
 }
 
@@ -254,6 +304,8 @@ static const char *status_text(int status)
 	return status == -TFAB_ERR_PEER_FAILED ? "a rank failed" : tfab_strerror(status);
 }
 
+static void op_ended(struct tfab_coll *c, struct coll_op *op, int status);
+
 /* The first failure decides; every operation not posted yet is posted at once (drain). */
 static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
 {
@@ -269,8 +321,13 @@ static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
 		return;
 	c->draining = true;
 	for (uint32_t i = 0; i < c->nops; i++) {
-		if (c->ops[i].state == ST_WAIT)
-			op_ready(c, &c->ops[i]);
+		struct coll_op *o = &c->ops[i];
+
+		if (o->state == ST_WAIT)
+			op_ready(c, o);
+		/* An eager receive holds nothing of its sender's: it need not wait. */
+		else if (o->state == ST_POSTED && o->eager && o->kind != OP_SEND)
+			op_ended(c, o, 0);
 	}
 }
 
@@ -293,6 +350,40 @@ static void op_ended(struct tfab_coll *c, struct coll_op *op, int status)
 
 static void drive(struct tfab_world *w);
 
+/* The bytes a receive keeps (for a send that forwards them, or the fold), or NULL. */
+static uint8_t *kept_data(const struct coll_op *op)
+{
+	if (op->held)
+		return op->held->dl_tensor.data;
+	return op->kept ? op->kept->bytes : NULL;
+}
+
+/* Whether a receive into a pool tensor keeps it after its action. */
+static bool keeps_bytes(const struct coll_op *op)
+{
+	return op->kind == OP_RECV_POOL &&
+	       (op->act == ACT_ACCUM || op->act == ACT_HOLD || (op->act == ACT_ZCOPY && op->nnext));
+}
+
+/*
+ * A send (lock held) no longer needs the bytes it forwards: an eager operand is freed, a pool
+ * tensor returned for the caller to delete once the lock is dropped.
+ */
+static DLManagedTensor *release_from(struct tfab_coll *c, struct coll_op *op)
+{
+	DLManagedTensor *t = NULL;
+
+	if (op->from >= 0) {
+		struct coll_op *f = &c->ops[op->from];
+
+		t = f->held;
+		f->held = NULL;
+		free(f->kept);
+		f->kept = NULL;
+	}
+	return t;
+}
+
 static void on_sent(void *arg, int status)
 {
 	struct coll_op *op = arg;
@@ -301,10 +392,7 @@ static void on_sent(void *arg, int status)
 	DLManagedTensor *t = NULL;
 
 	pthread_mutex_lock(&w->coll_lock);
-	if (op->from >= 0) {
-		t = c->ops[op->from].held;
-		c->ops[op->from].held = NULL;
-	}
+	t = release_from(c, op);
 	op_ended(c, op, status);
 	drive(w);
 	pthread_mutex_unlock(&w->coll_lock);
@@ -356,9 +444,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	if (status == 0 && t && op->kind == OP_RECV_POOL)
 		op_act(c, op, t->dl_tensor.data);
 	pthread_mutex_lock(&w->coll_lock);
-	if (status == 0 && t && op->kind == OP_RECV_POOL &&
-	    (op->act == ACT_ACCUM || op->act == ACT_HOLD || (op->act == ACT_ZCOPY && op->nnext)) &&
-	    !c->draining) {
+	if (status == 0 && t && keeps_bytes(op) && !c->draining) {
 		op->held = t;
 		t = NULL;
 	}
@@ -402,6 +488,72 @@ static void op_key(const struct coll_op *op, char *key)
 	*p++ = '.';
 	p = put_decimal(p, op->piece);
 	*p = '\0';
+}
+
+/*
+ * An eager send (both locks held): its bytes (none, and the flag DEAD, when draining) in a
+ * COLL_DATA control message, which the engine writes now or queues; either way the bytes are
+ * copied, and the operation has ended.
+ */
+static int eager_send(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t *src)
+{
+	struct tfab_context *ctx = c->w->ctx;
+	struct tfab_wire_msg m = {.type = TFAB_MSG_COLL_DATA,
+				  .flags = drain ? TFAB_MSGF_DEAD : 0,
+				  .step_id = c->step,
+				  .req_index = op->step,
+				  .key_index = op->piece,
+				  .coll_tag = (uint8_t)op->tag,
+				  .data_len = drain ? 0 : (uint16_t)op->len,
+				  .data = src};
+	int rc;
+
+	if (!drain && op->zsrc)
+		tfab__compress(c->compress, src, op->zsrc, op->resid, op->nelem);
+	rc = ctx->abort_status ? ctx->abort_status : tfab__peer_send_msg(c->w->peers[op->rank], &m);
+	if (rc == 0 && !drain) {
+		ctx->stats.coll_bytes_wire += op->len;
+		ctx->stats.coll_bytes_logical += c->compress ? op->nelem * 4 : op->len;
+	}
+	return rc;
+}
+
+/*
+ * Post op, an eager send, and the eager sends queued right behind it, in one hold of the
+ * context's lock (coll_lock held on entry and on return; the context's is taken first, as
+ * the engine takes it before its hooks take coll_lock).
+ */
+static void eager_sends(struct tfab_coll *c, struct coll_op *op, bool drain)
+{
+	struct tfab_world *w = c->w;
+	struct tfab_context *ctx = w->ctx;
+	DLManagedTensor *t = NULL;
+
+	pthread_mutex_unlock(&w->coll_lock);
+	tfab__ctx_lock(ctx);
+	pthread_mutex_lock(&w->coll_lock);
+	for (;;) {
+		uint8_t *src = op->from >= 0 ? kept_data(&c->ops[op->from]) : op->buf;
+		int rc = -EINVAL;
+
+		op->state = ST_POSTED;
+		if (drain || src)
+			rc = eager_send(c, op, drain, src);
+		/* What it forwards came eager too (the same bytes): a pool tensor is not expected. */
+		t = release_from(c, op);
+		op_ended(c, op, rc);
+		if (t || c->ready_head == c->ready_tail || c->draining != drain)
+			break;
+		op = &c->ops[c->ready[c->ready_head]];
+		if (!op->eager || op->kind != OP_SEND)
+			break;
+		c->ready_head++;
+	}
+	pthread_mutex_unlock(&w->coll_lock);
+	tfab__ctx_unlock(ctx);
+	if (t)
+		t->deleter(t);
+	pthread_mutex_lock(&w->coll_lock);
 }
 
 /* Post op (no lock held); src: the bytes a send reads. 0 or why it could not be posted. */
@@ -453,20 +605,110 @@ static void coll_fold(struct tfab_coll *c)
 
 	/* ops: a send and a receive per other rank, the receive of rank k at 2k (k < r) ... */
 	for (int k = 0; k < 2; k++)
-		x[k] = k == r ? c->in
-			      : c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1].held->dl_tensor.data;
+		x[k] = k == r ? c->in : kept_data(&c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1]);
 	acc = (uint8_t *)x[r == 0 ? 1 : 0];
 	tfab__reduce(c->op, c->rt, acc, x[0], x[1], n);
 	for (int k = 2; k < w->size; k++) {
 		const uint8_t *xk =
-		    k == r ? c->in
-			   : c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1].held->dl_tensor.data;
+		    k == r ? c->in : kept_data(&c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1]);
 
 		tfab__reduce(c->op, c->rt, acc, acc, xk, n);
 	}
 	if (c->op == TFAB_OP_AVG)
 		tfab__reduce_div(c->rt, acc, n, w->size);
 	memcpy(c->out, acc, c->nbytes);
+}
+
+/*
+ * An eager receive's operand has come (lock held, op posted): its bytes land, its action runs,
+ * and it ends. m is the operation's from now on (kept or freed).
+ */
+static void eager_land(struct tfab_coll *c, struct coll_op *op, struct eager_msg *m)
+{
+	int status = 0;
+
+	if (m->dead) {
+		status = -TFAB_ERR_PEER_FAILED; /* the rank before gave up: pass it on */
+	} else if (m->len != op->len) {
+		TFAB_WARN(SUBSYS,
+			  "rank %d: %s %" PRIu64 ": rank %d sent %u bytes for tfab.c/%c%u.%u, "
+			  "where this rank expects %zu (do the ranks run the same collectives?)",
+			  c->w->rank, c->what, c->seq, op->rank, m->len, op->tag, op->step,
+			  op->piece, op->len);
+		status = -TFAB_ERR_PROTOCOL;
+	} else if (!c->draining) {
+		if (op->kind == OP_RECV_INTO)
+			memcpy(op->buf, m->bytes, op->len);
+		else
+			op_act(c, op, m->bytes);
+		if (keeps_bytes(op)) {
+			op->kept = m;
+			m = NULL;
+		}
+	}
+	free(m);
+	op_ended(c, op, status);
+}
+
+/* The operand that came for op before it was posted, taken off the early list; or NULL. */
+static struct eager_msg *early_take(struct tfab_world *w, const struct coll_op *op)
+{
+	struct tfab_list *l;
+
+	for (l = w->early.next; l != &w->early; l = l->next) {
+		struct eager_msg *m = tfab_container_of(l, struct eager_msg, link);
+
+		if (m->seq == op->c->seq && m->from == w->peers[op->rank] && m->tag == op->tag &&
+		    m->step == op->step && m->piece == op->piece) {
+			tfab__list_del(&m->link);
+			w->nearly--;
+			return m;
+		}
+	}
+	return NULL;
+}
+
+/* Operands that came for c and were never taken (it drained), dropped as it ends. */
+static void early_drop(struct tfab_world *w, uint64_t seq)
+{
+	struct tfab_list *l, *t;
+
+	tfab_list_for_each_safe(l, t, &w->early)
+	{
+		struct eager_msg *m = tfab_container_of(l, struct eager_msg, link);
+
+		if (m->seq == seq) {
+			tfab__list_del(&m->link);
+			w->nearly--;
+			free(m);
+		}
+	}
+}
+
+/*
+ * Post an eager receive (lock held): it fails as a posted receive would if the peer failed or
+ * the context aborted; else it lands what came before it, or waits for its operand
+ * (on_data), the peer's failure (on_fail) or its deadline (on_tick).
+ */
+static void eager_recv_post(struct tfab_coll *c, struct coll_op *op, bool drain)
+{
+	struct tfab_world *w = c->w;
+	struct eager_msg *m;
+	int rc = w->aborted ? w->aborted : w->rank_failed[op->rank];
+
+	op->state = ST_POSTED;
+	if (drain) {
+		op_ended(c, op, 0); /* nothing to take: its sender's send has ended */
+		return;
+	}
+	if (rc) {
+		op_ended(c, op, rc);
+		return;
+	}
+	op->posted_ms = tfab__coarse_ms();
+	m = early_take(w, op);
+	if (m)
+		eager_land(c, op, m);
 }
 
 /*
@@ -492,10 +734,17 @@ static void drive(struct tfab_world *w)
 			int rc;
 
 			if (op->from >= 0)
-				src = c->ops[op->from].held ? c->ops[op->from].held->dl_tensor.data
-							    : NULL;
+				src = kept_data(&c->ops[op->from]);
 			if (!drain && op->kind == OP_SEND && !src) {
 				op_ended(c, op, -EINVAL);
+				continue;
+			}
+			if (op->eager && op->kind != OP_SEND) {
+				eager_recv_post(c, op, drain);
+				continue;
+			}
+			if (op->eager) {
+				eager_sends(c, op, drain);
 				continue;
 			}
 			op->state = ST_POSTED;
@@ -504,12 +753,8 @@ static void drive(struct tfab_world *w)
 			pthread_mutex_lock(&w->coll_lock);
 			/* A dead tensor is fire and forget: the rank after takes it, or fails. */
 			if (rc || (drain && op->kind == OP_SEND)) {
-				DLManagedTensor *t = NULL;
+				DLManagedTensor *t = release_from(c, op);
 
-				if (op->from >= 0) {
-					t = c->ops[op->from].held;
-					c->ops[op->from].held = NULL;
-				}
 				op_ended(c, op, rc);
 				if (t) {
 					pthread_mutex_unlock(&w->coll_lock);
@@ -520,6 +765,7 @@ static void drive(struct tfab_world *w)
 		}
 		if (c->unended == 0 && !c->queued) {
 			/* It stays listed until its callback returned: tfab_world_wait waits for that. */
+			early_drop(w, c->seq);
 			pthread_mutex_unlock(&w->coll_lock);
 			if (c->fold && !c->status)
 				coll_fold(c);
@@ -531,11 +777,13 @@ static void drive(struct tfab_world *w)
 			 * application may compute for a while before its next call, and the ranks
 			 * that sent to this one are waiting for them.
 			 */
-			tfab__ctx_lock(w->ctx);
-			w->ctx->stats.coll_bytes_wire += c->bytes_wire;
-			w->ctx->stats.coll_bytes_logical += c->bytes_logical;
-			tfab__peers_flush(w->ctx, false);
-			tfab__ctx_unlock(w->ctx);
+			if (c->tensors) {
+				tfab__ctx_lock(w->ctx);
+				w->ctx->stats.coll_bytes_wire += c->bytes_wire;
+				w->ctx->stats.coll_bytes_logical += c->bytes_logical;
+				tfab__peers_flush(w->ctx, false);
+				tfab__ctx_unlock(w->ctx);
+			}
 			c->cb(c->arg, c->status);
 			pthread_mutex_lock(&w->coll_lock);
 			tfab__list_del(&c->link);
@@ -559,6 +807,9 @@ static void coll_start(struct tfab_coll *c)
 	c->step = COLL_STEP(c->seq);
 	tfab__list_add_tail(&w->colls, &c->link);
 	for (uint32_t i = 0; i < c->nops; i++) {
+		/* Both ends of an operation reckon the same len, so they agree on its way. */
+		c->ops[i].eager = c->ops[i].len >= 1 && c->ops[i].len <= w->eager;
+		c->tensors |= !c->ops[i].eager;
 		if (c->ops[i].ndeps == 0)
 			op_ready(c, &c->ops[i]);
 	}
@@ -1167,6 +1418,170 @@ int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 	return 0;
 }
 
+/* The engine's hooks (tfab_coll_hooks): under the context's lock, then coll_lock. */
+
+/* Bounds on operands that come before their collective: how far ahead, and how many. */
+#define EARLY_AHEAD (1u << 20)
+#define EARLY_MAX 65536u
+
+static struct tfab_coll *coll_by_seq(struct tfab_world *w, uint64_t seq)
+{
+	struct tfab_list *l;
+
+	for (l = w->colls.next; l != &w->colls; l = l->next) {
+		struct tfab_coll *c = tfab_container_of(l, struct tfab_coll, link);
+
+		if (c->seq == seq)
+			return c;
+	}
+	return NULL;
+}
+
+/* c's eager receive from peer for m's operation, in any state; NULL if it has none. */
+static struct coll_op *eager_recv_of(struct tfab_coll *c, const struct tfab_peer *peer,
+				     const struct eager_msg *m)
+{
+	for (uint32_t i = 0; i < c->nops; i++) {
+		struct coll_op *op = &c->ops[i];
+
+		if (op->eager && op->kind != OP_SEND && c->w->peers[op->rank] == peer &&
+		    op->tag == m->tag && op->step == m->step && op->piece == m->piece)
+			return op;
+	}
+	return NULL;
+}
+
+static int on_data(void *arg, struct tfab_peer *peer, const struct tfab_wire_msg *wm)
+{
+	struct tfab_world *w = arg;
+	struct eager_msg *m = malloc(sizeof(*m) + wm->data_len);
+	struct tfab_coll *c;
+	struct coll_op *op;
+	int rc = 0;
+
+	if (!m)
+		return 0; /* lost: the receive fails by its deadline */
+	*m = (struct eager_msg){.from = peer,
+				.seq = (uint64_t)wm->step_id - (uint64_t)INT64_MIN,
+				.step = wm->req_index,
+				.piece = wm->key_index,
+				.tag = (char)wm->coll_tag,
+				.dead = (wm->flags & TFAB_MSGF_DEAD) != 0,
+				.len = wm->data_len};
+	memcpy(m->bytes, wm->data, wm->data_len);
+	pthread_mutex_lock(&w->coll_lock);
+	if (m->seq >= w->coll_seq) {
+		/* a collective this rank has not started yet */
+		if (m->seq - w->coll_seq >= EARLY_AHEAD || w->nearly >= EARLY_MAX) {
+			TFAB_ERROR(SUBSYS,
+				   "rank %d: collective data for collective %" PRIu64
+				   " while this rank is at %" PRIu64 " with %u operands waiting",
+				   w->rank, m->seq, w->coll_seq, w->nearly);
+			rc = -TFAB_ERR_PROTOCOL;
+		} else {
+			tfab__list_add_tail(&w->early, &m->link);
+			w->nearly++;
+			m = NULL;
+		}
+	} else if ((c = coll_by_seq(w, m->seq)) != NULL) {
+		op = eager_recv_of(c, peer, m);
+		if (!op) {
+			TFAB_ERROR(SUBSYS,
+				   "rank %d: %s %" PRIu64 " has no operation tfab.c/%c%u.%u",
+				   w->rank, c->what, c->seq, m->tag, m->step, m->piece);
+			rc = -TFAB_ERR_PROTOCOL;
+		} else if (op->state == ST_POSTED) {
+			eager_land(c, op, m);
+			m = NULL;
+			rc = 1;
+		} else if (op->state != ST_ENDED) {
+			tfab__list_add_tail(&w->early, &m->link); /* taken when it is posted */
+			w->nearly++;
+			m = NULL;
+		}
+	} /* else for a collective that has ended (it failed): nothing waits for it */
+	pthread_mutex_unlock(&w->coll_lock);
+	free(m);
+	return rc;
+}
+
+/* End c's posted eager receives that `fails` picks, with status; whether any ended. */
+static bool fail_posted(struct tfab_world *w, const struct tfab_peer *peer, int status,
+			uint64_t now_ms, uint64_t limit)
+{
+	struct tfab_list *l;
+	bool any = false;
+
+	for (l = w->colls.next; l != &w->colls; l = l->next) {
+		struct tfab_coll *c = tfab_container_of(l, struct tfab_coll, link);
+
+		for (uint32_t i = 0; i < c->nops; i++) {
+			struct coll_op *op = &c->ops[i];
+
+			if (!op->eager || op->kind == OP_SEND || op->state != ST_POSTED)
+				continue;
+			if (limit) {
+				if (now_ms - op->posted_ms < limit)
+					continue;
+				TFAB_WARN(SUBSYS,
+					  "rank %d: %s %" PRIu64
+					  ": nothing from rank %d for %" PRIu64
+					  " ms (tfab.c/%c%u.%u); failed (TFAB_OP_TIMEOUT_MS)",
+					  w->rank, c->what, c->seq, op->rank,
+					  now_ms - op->posted_ms, op->tag, op->step, op->piece);
+			} else if (peer && w->peers[op->rank] != peer) {
+				continue;
+			}
+			op_ended(c, op, status);
+			any = true;
+		}
+	}
+	return any;
+}
+
+static bool on_fail(void *arg, struct tfab_peer *peer, int status)
+{
+	struct tfab_world *w = arg;
+	bool any;
+
+	pthread_mutex_lock(&w->coll_lock);
+	if (!peer && !w->aborted)
+		w->aborted = status;
+	for (int r = 0; peer && w->joined && r < w->size; r++) {
+		if (w->peers[r] == peer && !w->rank_failed[r])
+			w->rank_failed[r] = status;
+	}
+	any = fail_posted(w, peer, status, 0, 0);
+	pthread_mutex_unlock(&w->coll_lock);
+	return any;
+}
+
+static bool on_tick(void *arg, uint64_t now_ms)
+{
+	struct tfab_world *w = arg;
+	uint64_t limit = w->ctx->cfg.op_timeout_ms;
+	bool any;
+
+	if (!limit)
+		return false;
+	pthread_mutex_lock(&w->coll_lock);
+	any = fail_posted(w, NULL, -TFAB_ERR_TIMEOUT, now_ms, limit);
+	pthread_mutex_unlock(&w->coll_lock);
+	return any;
+}
+
+static void kick(void *arg)
+{
+	struct tfab_world *w = arg;
+
+	pthread_mutex_lock(&w->coll_lock);
+	drive(w);
+	pthread_mutex_unlock(&w->coll_lock);
+}
+
+static const struct tfab_coll_hooks hooks = {
+    .on_data = on_data, .on_fail = on_fail, .on_tick = on_tick, .kick = kick};
+
 static bool started_before(struct tfab_world *w, uint64_t seq)
 {
 	struct tfab_list *l, *t;
@@ -1196,11 +1611,12 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 	tfab__ctx_unlock(ctx);
 	if (rc)
 		return rc;
-	deadline = timeout_ms < 0 ? UINT64_MAX : tfab__now_ms() + (uint64_t)timeout_ms;
+	/* The coarse clock: a deadline in ms, read at every turn of a loop that polls. */
+	deadline = timeout_ms < 0 ? UINT64_MAX : tfab__coarse_ms() + (uint64_t)timeout_ms;
 	pthread_mutex_lock(&w->coll_lock);
 	seq = w->coll_seq;
 	while (started_before(w, seq)) {
-		if (tfab__now_ms() >= deadline) {
+		if (deadline != UINT64_MAX && tfab__coarse_ms() >= deadline) {
 			rc = -ETIMEDOUT;
 			break;
 		}
@@ -1217,9 +1633,18 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 			continue;
 		}
 		pthread_mutex_unlock(&w->coll_lock);
-		/* Nothing came: let a rank sharing this core run (oversubscribed hosts). */
-		if (tfab_progress(ctx) == 0)
+		/*
+		 * Progress until something came (a collective ends inside such a call, or not at
+		 * all), or for a few idle turns (another thread's call may end it), yielding the
+		 * core at each idle one to a rank that shares it (oversubscribed hosts).
+		 */
+		for (int idle = 0; idle < 16; idle++) {
+			if (tfab_progress(ctx) != 0)
+				break;
 			sched_yield();
+			if (deadline != UINT64_MAX && tfab__coarse_ms() >= deadline)
+				break;
+		}
 		pthread_mutex_lock(&w->coll_lock);
 	}
 	pthread_mutex_unlock(&w->coll_lock);

@@ -36,15 +36,36 @@ void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline)
 
 static bool callbacks_due(const struct tfab_context *ctx)
 {
-	return !tfab__list_empty(&ctx->done_reqs) || !tfab__list_empty(&ctx->done_sends);
+	return !tfab__list_empty(&ctx->done_reqs) || !tfab__list_empty(&ctx->done_sends) ||
+	       ctx->coll_due;
+}
+
+void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *hooks, void *arg)
+{
+	pthread_t self = pthread_self();
+
+	pthread_mutex_lock(&ctx->lock);
+	ctx->coll = hooks;
+	ctx->coll_arg = arg;
+	ctx->coll_due = false;
+	/* A kick up this thread's own stack is not waited for (it cannot end meanwhile). */
+	while (!hooks && ctx->coll_kicking &&
+	       !(ctx->cb_depth && pthread_equal(ctx->cb_thread, self)))
+		pthread_cond_wait(&ctx->cond, &ctx->lock);
+	pthread_mutex_unlock(&ctx->lock);
 }
 
 /* Take the due callbacks, run them with the lock dropped, free their objects under it. */
 static void deliver(struct tfab_context *ctx)
 {
 	struct tfab_list reqs, sends, *l, *t;
+	const struct tfab_coll_hooks *coll = ctx->coll_due ? ctx->coll : NULL;
+	void *coll_arg = ctx->coll_arg;
 
 	/* Move the lists out whole, so callbacks may post more work. */
+	ctx->coll_due = false;
+	if (coll)
+		ctx->coll_kicking++;
 	tfab__list_init(&reqs);
 	tfab__list_init(&sends);
 	if (!tfab__list_empty(&ctx->done_reqs)) {
@@ -85,9 +106,13 @@ static void deliver(struct tfab_context *ctx)
 
 		s->cb(s->arg, s->status);
 	}
+	if (coll)
+		coll->kick(coll_arg);
 
 	/* Free under the lock: a send's write may still be in flight. */
 	pthread_mutex_lock(&ctx->lock);
+	if (coll && --ctx->coll_kicking == 0)
+		pthread_cond_broadcast(&ctx->cond);
 	tfab_list_for_each_safe(l, t, &reqs)
 	{
 		free(tfab_container_of(l, struct tfab_request, done_link));
@@ -454,6 +479,8 @@ int tfab_abort(struct tfab_context *ctx, int status)
 		ctx->abort_status = status;
 	requests_cleanup(ctx, true, 0, status);
 	tfab__sends_cleanup(ctx, true, 0, status);
+	if (ctx->coll && ctx->coll->on_fail(ctx->coll_arg, NULL, status))
+		ctx->coll_due = true;
 	tfab__peers_flush(ctx, false);
 	tfab__ctx_unlock(ctx);
 	return 0;

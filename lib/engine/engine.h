@@ -301,6 +301,21 @@ struct tfab_send {
 
 #define TFAB_POLL_EVENTS 64 /* events one poll of a path takes */
 
+/*
+ * The world's collectives (coll.c), which the engine tells what concerns their eager operands
+ * (COLL_DATA messages). The first three run under the context's lock, which they keep: they
+ * record what happened and say whether the collectives have work to do (true), which `kick`
+ * then does, outside the lock, on the thread that delivers callbacks (tfab__ctx_unlock).
+ */
+struct tfab_coll_hooks {
+	/* A COLL_DATA from peer: 1 (work), 0, or < 0 to refuse the peer (a protocol error). */
+	int (*on_data)(void *arg, struct tfab_peer *peer, const struct tfab_wire_msg *m);
+	/* peer failed with status, or (peer NULL) the context aborted with it */
+	bool (*on_fail)(void *arg, struct tfab_peer *peer, int status);
+	bool (*on_tick)(void *arg, uint64_t now_ms); /* the stall deadline's check */
+	void (*kick)(void *arg);
+};
+
 struct tfab_context {
 	pthread_mutex_t lock;
 	struct tfab_config cfg;
@@ -355,7 +370,12 @@ struct tfab_context {
 	pthread_t cb_thread;
 	unsigned cb_depth;   /* its nested deliveries */
 	pthread_cond_t cond; /* broadcast when a blocking receive's request ends, or a send
-				settles while someone flushes */
+				settles while someone flushes, or a kick ends */
+	/* The world's collectives (tfab__ctx_set_coll): their hooks, whether a kick is due, kicks running. */
+	const struct tfab_coll_hooks *coll;
+	void *coll_arg;
+	bool coll_due;
+	unsigned coll_kicking;
 };
 
 /* heartbeat.c: the thread that writes a heartbeat to every bootstrapped peer */
@@ -402,6 +422,11 @@ int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *the
 
 /* peer.c */
 int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
+/*
+ * Install (hooks) or remove (NULL) the collectives' hooks; removing waits for a kick running
+ * on another thread to end.
+ */
+void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *hooks, void *arg);
 void tfab__peer_fail(struct tfab_peer *peer, int status);
 /*
  * The status of a failed write to the peer: -TFAB_ERR_REMOTE_ACCESS while the peer is there

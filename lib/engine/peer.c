@@ -1051,6 +1051,19 @@ static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 	case TFAB_MSG_ERROR:
 		tfab__recv_on_msg(peer, m);
 		break;
+	case TFAB_MSG_COLL_DATA: {
+		struct tfab_context *ctx = peer->ctx;
+		int rc =
+		    ctx->coll ? ctx->coll->on_data(ctx->coll_arg, peer, m) : -TFAB_ERR_PROTOCOL;
+
+		if (rc < 0)
+			protocol_error(
+			    peer, ctx->coll ? "collective data no collective of the world expects"
+					    : "collective data where no world was joined");
+		else if (rc > 0)
+			ctx->coll_due = true;
+		break;
+	}
 	default:
 		protocol_error(peer, "an unknown message type");
 	}
@@ -1227,6 +1240,8 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 				   false);
 	}
 	tfab__sends_fail_peer(ctx, peer, peer->failed);
+	if (ctx->coll && ctx->coll->on_fail(ctx->coll_arg, peer, peer->failed))
+		ctx->coll_due = true;
 	while (!tfab__list_empty(&peer->pending)) {
 		struct tfab_list *p = peer->pending.next;
 
@@ -1284,6 +1299,8 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 		tfab__recv_deadlines(tfab_container_of(l, struct tfab_peer, link), now);
 	}
 	tfab__send_deadlines(ctx, now);
+	if (ctx->coll && ctx->coll->on_tick(ctx->coll_arg, now))
+		ctx->coll_due = true;
 }
 
 /* The meta-data cache: per peer, by key. */

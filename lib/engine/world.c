@@ -544,6 +544,7 @@ static void world_free(struct tfab_world *w)
 	}
 	free(w->peers);
 	free(w->recs);
+	free(w->rank_failed);
 	free(w);
 }
 
@@ -574,7 +575,8 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 	deadline = tfab__now_ms() + (uint64_t)w->timeout_ms;
 	w->recs = calloc((size_t)w->size, sizeof(*w->recs));
 	w->peers = calloc((size_t)w->size, sizeof(*w->peers));
-	if (!w->recs || !w->peers) {
+	w->rank_failed = calloc((size_t)w->size, sizeof(*w->rank_failed));
+	if (!w->recs || !w->peers || !w->rank_failed) {
 		world_free(w);
 		return -ENOMEM;
 	}
@@ -599,6 +601,7 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 		world_free(w);
 		return rc;
 	}
+	tfab__coll_joined(w);
 	TFAB_INFO(SUBSYS, "rank %d of %d (%s) joined the world", w->rank, w->size, me.name);
 	*world_p = w;
 	return 0;

@@ -29,12 +29,22 @@ struct tfab_world {
 	/* Collectives (coll.c); coll_up while the lock and the table below exist. */
 	bool coll_up;
 	pthread_mutex_t coll_lock;
-	pthread_cond_t coll_cond;     /* broadcast when a collective ends */
-	uint64_t coll_seq;	      /* collectives started so far: the next one's number */
-	struct tfab_list colls;	      /* started and not yet called back, by number */
-	struct tfab_list runnable;    /* those with operations to post or a verdict to give */
-	bool driving;		      /* a thread is posting for them (coll.c, drive) */
-	unsigned small, piece;	      /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_PIECE */
+	pthread_cond_t coll_cond;  /* broadcast when a collective ends */
+	uint64_t coll_seq;	   /* collectives started so far: the next one's number */
+	struct tfab_list colls;	   /* started and not yet called back, by number */
+	struct tfab_list runnable; /* those with operations to post or a verdict to give */
+	bool driving;		   /* a thread is posting for them (coll.c, drive) */
+	unsigned small, piece;	   /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_PIECE */
+	unsigned eager;		   /* TFAB_COLL_EAGER, 0 where the hooks are another world's */
+	struct tfab_list early;	   /* COLL_DATA operands before their receive (coll.c) */
+	unsigned nearly;
+	/*
+	 * Once joined (tfab__coll_joined): each rank's peer's failure, and the context's abort,
+	 * as the engine reported them (coll.c, on_fail), so that an eager receive fails at once.
+	 */
+	bool joined;
+	int *rank_failed;
+	int aborted;
 	struct tfab_htable residuals; /* error feedback of compressed allreduces, by key */
 };
 
@@ -43,6 +53,8 @@ struct tfab_world {
 enum tfab_coll_algo tfab__coll_algo(const struct tfab_world *w, size_t nbytes, size_t count,
 				    enum tfab_coll_algo asked);
 int tfab__coll_init(struct tfab_world *w);
+/* The world's peers are all there: from now on the engine's reports of failures name ranks. */
+void tfab__coll_joined(struct tfab_world *w);
 /* -EBUSY while collectives are in flight (nothing done); else frees what they kept. */
 int tfab__coll_fini(struct tfab_world *w);
 

@@ -221,6 +221,11 @@ static const struct tfab_config_entry table[] = {
      "Bytes per write of a collective: a ring moves each rank's part in pieces of this size, "
      "so that reducing one piece overlaps the writes of the next",
      FIELD(coll_piece), &parser_uint, 4096, 1u << 30},
+    {"TFAB_COLL_EAGER", "960",
+     "A collective's operand of at most this many bytes travels in a control message (eager: "
+     "no request, no verdict), a larger one as a tensor; 0 sends every one as a tensor. Every "
+     "rank of a world must have the same value",
+     FIELD(coll_eager), &parser_uint, 0, 960},
     {"TFAB_OFI_DOMAIN", "",
      "libfabric domain (interface) to open, such as lo or eth0 (shm has none); empty takes "
      "libfabric's first",

@@ -3174,6 +3174,13 @@ static int malformed(struct mp *mp, int k)
 		if (k == 5)
 			m = (struct tfab_wire_msg){
 			    .type = TFAB_MSG_RETIRE, .req_index = 4242, .ntaken = 1};
+		/* k 6: a collective's operand where no world was joined */
+		if (k == 6)
+			m = (struct tfab_wire_msg){.type = TFAB_MSG_COLL_DATA,
+						   .step_id = INT64_MIN,
+						   .coll_tag = 'd',
+						   .data_len = 4,
+						   .data = (const uint8_t *)"1234"};
 		CHECK(mp_barrier(mp, 90) == 0);
 		tfab__ctx_lock(mp->ctx);
 		m.seq = peer->tx_seq++;
@@ -3260,6 +3267,11 @@ static int sc_forged_key_index(struct mp *mp)
 static int sc_forged_retire(struct mp *mp)
 {
 	return malformed(mp, 5);
+}
+
+static int sc_forged_coll_data(struct mp *mp)
+{
+	return malformed(mp, 6);
 }
 
 /*
@@ -4075,6 +4087,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "malformed_type", .nranks = 3, .fn = sc_malformed_type, .no_barrier = true},
     {.name = "forged_key_index", .nranks = 3, .fn = sc_forged_key_index, .no_barrier = true},
     {.name = "forged_retire", .nranks = 3, .fn = sc_forged_retire, .no_barrier = true},
+    {.name = "forged_coll_data", .nranks = 3, .fn = sc_forged_coll_data, .no_barrier = true},
     {.name = "malformed_truncated", .nranks = 3, .fn = sc_malformed_truncated, .no_barrier = true},
     {.name = "malformed_sequence", .nranks = 3, .fn = sc_malformed_sequence, .no_barrier = true},
     {.name = "mr_invalidate", .nranks = 2, .fn = sc_mr_invalidate},

@@ -821,11 +821,85 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	return bad;
 }
 
-/* One rank of a world from the environment: allreduce after allreduce, checked. */
+/*
+ * A straggler (run with a short TFAB_OP_TIMEOUT_MS): rank 0 allreduces 8 bytes alone while
+ * the others, alive, hold back for three deadlines. Its eager receives fail by the stall
+ * deadline (TFAB_ERR_TIMEOUT), though its own operands went out; the others then run that
+ * allreduce and get the right sum (rank 0's operand waited for them), and a second one
+ * ends well everywhere (what came late for rank 0's failed one was dropped).
+ */
+static atomic_int straggler_failed;
+
+static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
+{
+	const struct dtype *d = &DTYPES[0];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+	const char *limit = getenv("TFAB_OP_TIMEOUT_MS");
+	long deadline_ms = limit ? atol(limit) : 0;
+	int64_t count = 2;
+	float v[2], want[2];
+	atomic_int order = 0;
+
+	(void)ctx;
+	(void)arg;
+	if (deadline_ms <= 0 || deadline_ms > 5000) {
+		printf("straggler: needs a TFAB_OP_TIMEOUT_MS of at most 5 s\n");
+		return 1;
+	}
+	for (int round = 0; round < 2; round++) {
+		struct job j = {1, -1, &order};
+		DLTensor t = tensor_of(d, v, &count);
+		uint64_t t0;
+
+		if (round == 0 && rank != 0) {
+			/* until rank 0's has failed, and no longer than three deadlines */
+			for (t0 = now_ms(); !atomic_load(&straggler_failed) &&
+					    now_ms() - t0 < 3 * (uint64_t)deadline_ms;)
+				usleep(1000);
+		}
+		fill(d, v, rank, 0, 2);
+		t0 = now_ms();
+		if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, on_done, &j))
+			return 1;
+		bad |= wait_all(w, "straggler");
+		if (round == 0 && rank == 0) {
+			atomic_store(&straggler_failed, 1);
+			if (j.status != -TFAB_ERR_TIMEOUT) {
+				printf("rank 0: alone, the allreduce ended with %s, not "
+				       "TFAB_ERR_TIMEOUT\n",
+				       ranks_status_name(j.status));
+				bad = 1;
+			}
+			if (now_ms() - t0 < (uint64_t)deadline_ms) {
+				printf("rank 0: alone, it failed before the deadline\n");
+				bad = 1;
+			}
+			continue;
+		}
+		if (j.status) {
+			printf("rank %d: straggler round %d: %s\n", rank, round,
+			       ranks_status_name(j.status));
+			bad = 1;
+			continue;
+		}
+		allreduce_reference(d, TFAB_OP_SUM, false, n, 2, want);
+		bad |= compare(rank, "straggler", v, want, 2, 4);
+	}
+	if (rank == 0)
+		printf("rank 0: straggler %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
+/*
+ * One rank of a world from the environment: allreduce after allreduce, checked: of 4 MiB
+ * around the ring, or with TEST_COLL_COUNT of that many floats by the algorithm the size
+ * picks (a few: direct, their operands eager).
+ */
 static int run_env(long iters)
 {
 	const struct dtype *d = &DTYPES[0];
-	int64_t count = 1 << 20;
+	const char *count_env = getenv("TEST_COLL_COUNT");
+	int64_t count = count_env ? atoll(count_env) : 1 << 20;
 	struct tfab_context *ctx;
 	struct tfab_world *w;
 	float *in = malloc((size_t)count * 4), *out = malloc((size_t)count * 4);
@@ -849,10 +923,10 @@ static int run_env(long iters)
 			       tfab_peer_path(tfab_world_peer(w, r)));
 	}
 	fill(d, in, tfab_world_rank(w), 0, (size_t)count);
-	allreduce_reference(d, TFAB_OP_SUM, true, tfab_world_size(w), (size_t)count, want);
+	allreduce_reference(d, TFAB_OP_SUM, !count_env, tfab_world_size(w), (size_t)count, want);
 	for (long it = 0; iters < 0 || it < iters; it++) {
 		DLTensor ti = tensor_of(d, in, &count), to = tensor_of(d, out, &count);
-		struct tfab_coll_opts o = {.algo = TFAB_ALGO_RING};
+		struct tfab_coll_opts o = {.algo = count_env ? TFAB_ALGO_AUTO : TFAB_ALGO_RING};
 		atomic_int order = 0;
 		struct job j = {1, -1, &order};
 
@@ -872,7 +946,8 @@ static int run_env(long iters)
 			rc = 1;
 			break;
 		}
-		printf("ITER %ld\n", it);
+		if (it < 10 || it % 1000 == 0)
+			printf("ITER %ld\n", it);
 	}
 	if (tfab_world_leave(w))
 		rc = 1;
@@ -901,8 +976,15 @@ int main(int argc, char **argv)
 			printf("OK\n");
 		return rc;
 	}
+	if (argc == 3 && strcmp(argv[1], "straggler") == 0) {
+		int rc = ranks_run_threads(atoi(argv[2]), WAIT_MS, straggler, NULL);
+
+		if (rc == 0)
+			printf("OK\n");
+		return rc;
+	}
 	if (argc >= 2 && strcmp(argv[1], "env") == 0)
 		return run_env(argc == 3 ? atol(argv[2]) : -1);
-	fprintf(stderr, "usage: %s threads N | env [ITERS]\n", argv[0]);
+	fprintf(stderr, "usage: %s threads N | straggler N | env [ITERS]\n", argv[0]);
 	return 2;
 }

@@ -212,12 +212,14 @@ class Lines:
 DEADLINE_MS, BEAT_MS, SLACK_MS = 3000, 500, 1500
 
 
-def coll_fault(port, sig):
-    """4 ranks allreduce 4 MiB again and again; rank 2 gets sig in the middle: every other
-    rank's allreduce fails with a named status within the deadline plus a heartbeat, and
-    every process ends."""
+def coll_fault(port, sig, count=None):
+    """4 ranks allreduce 4 MiB (or count floats) again and again; rank 2 gets sig in the
+    middle: every other rank's allreduce fails with a named status within the deadline plus
+    a heartbeat, and every process ends."""
     extra = {"TFAB_OP_TIMEOUT_MS": str(DEADLINE_MS), "TFAB_HEARTBEAT_MS": str(BEAT_MS),
              "TFAB_COLL_PIECE": "262144"}
+    if count:
+        extra["TEST_COLL_COUNT"] = str(count)
     procs = [start(r, 4, port, extra, [COLL, "env"]) for r in range(4)]
     lines = [Lines(p) for p in procs]
     try:
@@ -237,6 +239,9 @@ def coll_fault(port, sig):
             status = got[1].split("status=")[1].split()[0]
             print("# rank %d: %s after %.0f ms" % (r, status, took), flush=True)
             expect(status.startswith("TFAB_ERR_"), "rank %d: an unnamed status" % r, outs)
+            # a death is seen as one (the bootstrap connection closes), not by a deadline
+            expect(sig != signal.SIGKILL or status == "TFAB_ERR_PEER_FAILED",
+                   "rank %d: %s after rank 2's death" % (r, status), outs)
             expect(took <= DEADLINE_MS + BEAT_MS + SLACK_MS,
                    "rank %d: the failure took %.0f ms" % (r, took), outs)
         for r in (0, 1, 3):
@@ -290,6 +295,17 @@ def case_coll_stop(port, _provider):
     coll_fault(port, signal.SIGSTOP)
 
 
+def case_coll_kill_eager(port, _provider):
+    """A rank killed in the middle of 8-byte allreduces, whose operands travel eager in
+    control messages (COLL_DATA): the engine's failure of its peer reaches them."""
+    coll_fault(port, signal.SIGKILL, 2)
+
+
+def case_coll_stop_eager(port, _provider):
+    """A rank stopped in the middle of 8-byte allreduces (eager operands)."""
+    coll_fault(port, signal.SIGSTOP, 2)
+
+
 CASES = [
     (case_four_ranks, None),
     (case_four_ranks, "ofi:tcp"),
@@ -301,6 +317,8 @@ CASES = [
     (case_threads_allgather, None),
     (case_coll_kill, None),
     (case_coll_stop, None),
+    (case_coll_kill_eager, None),
+    (case_coll_stop_eager, None),
     (case_mpirun, None),
 ]
 
