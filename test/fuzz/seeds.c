@@ -74,7 +74,7 @@ static void wire_msgs(void)
 		     .nbytes = 24,
 		     .shape = {2, 3}},
 	};
-	struct tfab_wire_msg ms[8];
+	struct tfab_wire_msg ms[10];
 	uint8_t slot[TFAB_WIRE_MIN_SLOT];
 	char name[32];
 	unsigned n = 0;
@@ -107,6 +107,17 @@ static void wire_msgs(void)
 	    .type = TFAB_MSG_TAKEN, .req_index = 1, .ntaken = 4, .taken = taken};
 	ms[n++] = (struct tfab_wire_msg){
 	    .type = TFAB_MSG_RETIRE, .req_index = 1, .ntaken = 2, .taken = taken};
+	ms[n++] = (struct tfab_wire_msg){.type = TFAB_MSG_COLL_DATA,
+					 .req_index = 1,
+					 .step_id = INT64_MIN + 3,
+					 .key_index = 2,
+					 .coll_tag = 'r',
+					 .data_len = 8,
+					 .data = (const uint8_t *)"\1\2\3\4\5\6\7\10"};
+	ms[n++] = (struct tfab_wire_msg){.type = TFAB_MSG_COLL_DATA,
+					 .flags = TFAB_MSGF_DEAD,
+					 .step_id = INT64_MIN,
+					 .coll_tag = 'd'};
 	for (unsigned i = 0; i < n; i++) {
 		snprintf(name, sizeof(name), "type%u-%u", ms[i].type, i);
 		put("wire_msg", name, slot, slot_of(&ms[i], 1, slot, sizeof(slot)));
