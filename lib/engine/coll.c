@@ -15,6 +15,7 @@
  * to it, and nothing waits on a rank that gave up.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stdio.h>
@@ -75,7 +76,7 @@ struct eager_msg {
 	char tag;
 	bool dead;
 	uint16_t len;
-	uint8_t bytes[];
+	_Alignas(max_align_t) uint8_t bytes[]; /* as aligned as any element type */
 };
 
 struct coll_op {
@@ -491,11 +492,11 @@ static void op_key(const struct coll_op *op, char *key)
 }
 
 /*
- * An eager send (both locks held): its bytes (none, and the flag DEAD, when draining) in a
- * COLL_DATA control message, which the engine writes now or queues; either way the bytes are
- * copied, and the operation has ended.
+ * An eager send (the context's lock held): its bytes (none, and the flag DEAD, when
+ * draining) in a COLL_DATA control message, which the engine writes now or queues; either
+ * way the bytes are copied, and the operation has ended.
  */
-static int eager_send(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t *src)
+static int eager_send(struct tfab_coll *c, struct coll_op *op, bool drain, const uint8_t *src)
 {
 	struct tfab_context *ctx = c->w->ctx;
 	struct tfab_wire_msg m = {.type = TFAB_MSG_COLL_DATA,
@@ -508,8 +509,6 @@ static int eager_send(struct tfab_coll *c, struct coll_op *op, bool drain, uint8
 				  .data = src};
 	int rc;
 
-	if (!drain && op->zsrc)
-		tfab__compress(c->compress, src, op->zsrc, op->resid, op->nelem);
 	rc = ctx->abort_status ? ctx->abort_status : tfab__peer_send_msg(c->w->peers[op->rank], &m);
 	if (rc == 0 && !drain) {
 		ctx->stats.coll_bytes_wire += op->len;
@@ -518,31 +517,33 @@ static int eager_send(struct tfab_coll *c, struct coll_op *op, bool drain, uint8
 	return rc;
 }
 
+#define EAGER_BATCH 16
+
 /*
- * Post op, an eager send, and the eager sends queued right behind it, in one hold of the
- * context's lock (coll_lock held on entry and on return; the context's is taken first, as
- * the engine takes it before its hooks take coll_lock).
+ * Post op, an eager send, and the eager sends queued right behind it (up to EAGER_BATCH), in
+ * one hold of the context's lock (coll_lock held on entry and on return). coll_lock is
+ * dropped around the writes: one that fails at once fails its peer, whose report (on_fail)
+ * takes coll_lock. The operations are posted meanwhile, so the collective cannot end.
  */
 static void eager_sends(struct tfab_coll *c, struct coll_op *op, bool drain)
 {
 	struct tfab_world *w = c->w;
 	struct tfab_context *ctx = w->ctx;
-	DLManagedTensor *t = NULL;
+	struct coll_op *ops[EAGER_BATCH];
+	uint8_t *srcs[EAGER_BATCH];
+	int rcs[EAGER_BATCH];
+	DLManagedTensor *held[EAGER_BATCH];
+	unsigned n = 0, nheld = 0;
 
-	pthread_mutex_unlock(&w->coll_lock);
-	tfab__ctx_lock(ctx);
-	pthread_mutex_lock(&w->coll_lock);
 	for (;;) {
 		uint8_t *src = op->from >= 0 ? kept_data(&c->ops[op->from]) : op->buf;
-		int rc = -EINVAL;
 
 		op->state = ST_POSTED;
-		if (drain || src)
-			rc = eager_send(c, op, drain, src);
-		/* What it forwards came eager too (the same bytes): a pool tensor is not expected. */
-		t = release_from(c, op);
-		op_ended(c, op, rc);
-		if (t || c->ready_head == c->ready_tail || c->draining != drain)
+		if (!drain && src && op->zsrc)
+			tfab__compress(c->compress, src, op->zsrc, op->resid, op->nelem);
+		srcs[n] = src;
+		ops[n++] = op;
+		if (n == EAGER_BATCH || c->ready_head == c->ready_tail)
 			break;
 		op = &c->ops[c->ready[c->ready_head]];
 		if (!op->eager || op->kind != OP_SEND)
@@ -550,10 +551,25 @@ static void eager_sends(struct tfab_coll *c, struct coll_op *op, bool drain)
 		c->ready_head++;
 	}
 	pthread_mutex_unlock(&w->coll_lock);
+	tfab__ctx_lock(ctx);
+	for (unsigned i = 0; i < n; i++)
+		rcs[i] = drain || srcs[i] ? eager_send(c, ops[i], drain, srcs[i]) : -EINVAL;
 	tfab__ctx_unlock(ctx);
-	if (t)
-		t->deleter(t);
 	pthread_mutex_lock(&w->coll_lock);
+	for (unsigned i = 0; i < n; i++) {
+		/* What it forwards came eager too (the same bytes): a pool tensor is not expected. */
+		DLManagedTensor *t = release_from(c, ops[i]);
+
+		if (t)
+			held[nheld++] = t;
+		op_ended(c, ops[i], rcs[i]);
+	}
+	if (nheld) {
+		pthread_mutex_unlock(&w->coll_lock);
+		for (unsigned i = 0; i < nheld; i++)
+			held[i]->deleter(held[i]);
+		pthread_mutex_lock(&w->coll_lock);
+	}
 }
 
 /* Post op (no lock held); src: the bytes a send reads. 0 or why it could not be posted. */
@@ -686,8 +702,8 @@ static void early_drop(struct tfab_world *w, uint64_t seq)
 }
 
 /*
- * Post an eager receive (lock held): it fails as a posted receive would if the peer failed or
- * the context aborted; else it lands what came before it, or waits for its operand
+ * Post an eager receive (lock held): it lands what came before it; else it fails as a posted
+ * receive would if the peer failed or the context aborted, or waits for its operand
  * (on_data), the peer's failure (on_fail) or its deadline (on_tick).
  */
 static void eager_recv_post(struct tfab_coll *c, struct coll_op *op, bool drain)
@@ -701,14 +717,14 @@ static void eager_recv_post(struct tfab_coll *c, struct coll_op *op, bool drain)
 		op_ended(c, op, 0); /* nothing to take: its sender's send has ended */
 		return;
 	}
-	if (rc) {
-		op_ended(c, op, rc);
-		return;
-	}
-	op->posted_ms = tfab__coarse_ms();
+	/* What came is good even if its sender has failed (or left) since. */
 	m = early_take(w, op);
 	if (m)
 		eager_land(c, op, m);
+	else if (rc)
+		op_ended(c, op, rc);
+	else
+		op->posted_ms = tfab__coarse_ms();
 }
 
 /*
@@ -1451,6 +1467,16 @@ static struct coll_op *eager_recv_of(struct tfab_coll *c, const struct tfab_peer
 	return NULL;
 }
 
+/* Whether peer is one of the world's ranks' (once joined). */
+static bool world_peer(const struct tfab_world *w, const struct tfab_peer *peer)
+{
+	for (int r = 0; r < w->size; r++) {
+		if (w->peers[r] == peer)
+			return true;
+	}
+	return false;
+}
+
 static int on_data(void *arg, struct tfab_peer *peer, const struct tfab_wire_msg *wm)
 {
 	struct tfab_world *w = arg;
@@ -1468,9 +1494,14 @@ static int on_data(void *arg, struct tfab_peer *peer, const struct tfab_wire_msg
 				.tag = (char)wm->coll_tag,
 				.dead = (wm->flags & TFAB_MSGF_DEAD) != 0,
 				.len = wm->data_len};
-	memcpy(m->bytes, wm->data, wm->data_len);
+	if (wm->data_len)
+		memcpy(m->bytes, wm->data, wm->data_len);
 	pthread_mutex_lock(&w->coll_lock);
-	if (m->seq >= w->coll_seq) {
+	if (w->joined && !world_peer(w, peer)) {
+		TFAB_ERROR(SUBSYS, "rank %d: collective data from a peer outside the world",
+			   w->rank);
+		rc = -TFAB_ERR_PROTOCOL;
+	} else if (m->seq >= w->coll_seq) {
 		/* a collective this rank has not started yet */
 		if (m->seq - w->coll_seq >= EARLY_AHEAD || w->nearly >= EARLY_MAX) {
 			TFAB_ERROR(SUBSYS,
@@ -1521,7 +1552,8 @@ static bool fail_posted(struct tfab_world *w, const struct tfab_peer *peer, int 
 			if (!op->eager || op->kind == OP_SEND || op->state != ST_POSTED)
 				continue;
 			if (limit) {
-				if (now_ms - op->posted_ms < limit)
+				/* posted_ms may be a tick past now_ms, read before it */
+				if (op->posted_ms >= now_ms || now_ms - op->posted_ms < limit)
 					continue;
 				TFAB_WARN(SUBSYS,
 					  "rank %d: %s %" PRIu64

@@ -48,6 +48,7 @@ void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *
 	ctx->coll = hooks;
 	ctx->coll_arg = arg;
 	ctx->coll_due = false;
+	ctx->coll_left |= !hooks;
 	/* A kick up this thread's own stack is not waited for (it cannot end meanwhile). */
 	while (!hooks && ctx->coll_kicking &&
 	       !(ctx->cb_depth && pthread_equal(ctx->cb_thread, self)))
@@ -59,13 +60,8 @@ void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *
 static void deliver(struct tfab_context *ctx)
 {
 	struct tfab_list reqs, sends, *l, *t;
-	const struct tfab_coll_hooks *coll = ctx->coll_due ? ctx->coll : NULL;
-	void *coll_arg = ctx->coll_arg;
 
 	/* Move the lists out whole, so callbacks may post more work. */
-	ctx->coll_due = false;
-	if (coll)
-		ctx->coll_kicking++;
 	tfab__list_init(&reqs);
 	tfab__list_init(&sends);
 	if (!tfab__list_empty(&ctx->done_reqs)) {
@@ -106,13 +102,27 @@ static void deliver(struct tfab_context *ctx)
 
 		s->cb(s->arg, s->status);
 	}
-	if (coll)
-		coll->kick(coll_arg);
 
 	/* Free under the lock: a send's write may still be in flight. */
 	pthread_mutex_lock(&ctx->lock);
-	if (coll && --ctx->coll_kicking == 0)
-		pthread_cond_broadcast(&ctx->cond);
+	/*
+	 * The collectives' work, after the callbacks: the hooks are read under the lock now, so
+	 * that a callback that left the world (removing them) is seen.
+	 */
+	if (ctx->coll_due) {
+		const struct tfab_coll_hooks *coll = ctx->coll;
+		void *coll_arg = ctx->coll_arg;
+
+		ctx->coll_due = false;
+		if (coll) {
+			ctx->coll_kicking++;
+			pthread_mutex_unlock(&ctx->lock);
+			coll->kick(coll_arg);
+			pthread_mutex_lock(&ctx->lock);
+			if (--ctx->coll_kicking == 0)
+				pthread_cond_broadcast(&ctx->cond);
+		}
+	}
 	tfab_list_for_each_safe(l, t, &reqs)
 	{
 		free(tfab_container_of(l, struct tfab_request, done_link));
@@ -527,9 +537,13 @@ int tfab_context_destroy(struct tfab_context *ctx)
 		for (l = ctx->peers.next; l != &ctx->peers && !busy; l = l->next) {
 			struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
 
-			/* our writes, and our TAKEN messages (its sends are delivered on them) */
-			busy =
-			    peer->users != 0 || (peer->ntaken && peer->connected && !peer->failed);
+			/*
+			 * our writes, our TAKEN messages (its sends are delivered on them) and
+			 * our messages queued for credit (a collective's eager operands)
+			 */
+			busy = peer->users != 0 ||
+			       ((peer->ntaken || !tfab__list_empty(&peer->pending)) &&
+				peer->connected && !peer->failed);
 		}
 		if (!busy || tfab__now_ms() > deadline)
 			break;

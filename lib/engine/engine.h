@@ -375,6 +375,7 @@ struct tfab_context {
 	const struct tfab_coll_hooks *coll;
 	void *coll_arg;
 	bool coll_due;
+	bool coll_left; /* a world was left: a late COLL_DATA is dropped, not refused */
 	unsigned coll_kicking;
 };
 

@@ -411,19 +411,26 @@ static bool peer_drain(struct tfab_peer *peer)
 }
 
 static void peer_send_taken(struct tfab_peer *peer);
+static void peer_flush(struct tfab_peer *peer);
 
 /*
- * Our TAKEN messages for what the peer sent go before we leave it: its sends are delivered
- * only on them (a receive that completed in the application's last progress call holds its
- * TAKEN). At most 2 s, waiting for credit.
+ * Our messages queued behind the credit window, and our TAKEN messages for what the peer
+ * sent, go before we leave it: its sends are delivered only on TAKEN (a receive that
+ * completed in the application's last progress call holds its TAKEN), and a collective's
+ * eager operand (COLL_DATA) has ended at our end once it is queued. At most 2 s, waiting
+ * for credit.
  */
 static void peer_send_held_taken(struct tfab_peer *peer)
 {
 	uint64_t deadline = tfab__now_ms() + 2000;
 
-	while (peer->ntaken && peer->connected && !peer->failed) {
-		peer_send_taken(peer);
-		if (!peer->ntaken || tfab__now_ms() >= deadline)
+	while ((peer->ntaken || !tfab__list_empty(&peer->pending)) && peer->connected &&
+	       !peer->failed) {
+		peer_flush(peer);
+		if (peer->ntaken)
+			peer_send_taken(peer);
+		if ((!peer->ntaken && tfab__list_empty(&peer->pending)) ||
+		    tfab__now_ms() >= deadline)
 			break;
 		tfab__progress_locked(peer->ctx);
 	}
@@ -1053,9 +1060,14 @@ static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 		break;
 	case TFAB_MSG_COLL_DATA: {
 		struct tfab_context *ctx = peer->ctx;
-		int rc =
-		    ctx->coll ? ctx->coll->on_data(ctx->coll_arg, peer, m) : -TFAB_ERR_PROTOCOL;
+		int rc = ctx->coll	  ? ctx->coll->on_data(ctx->coll_arg, peer, m)
+			 : ctx->coll_left ? 0
+					  : -TFAB_ERR_PROTOCOL;
 
+		if (!ctx->coll && ctx->coll_left)
+			TFAB_DEBUG(SUBSYS,
+				   "peer %u: collective data after the world was left, dropped",
+				   peer->id);
 		if (rc < 0)
 			protocol_error(
 			    peer, ctx->coll ? "collective data no collective of the world expects"

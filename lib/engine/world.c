@@ -29,12 +29,16 @@
 
 #define SUBSYS "world"
 
-/* A rank's record on the wire: magic, version, rank, size, port, host and name (NUL-padded). */
+/*
+ * A rank's record on the wire: magic, version, rank, size, port, host and name (NUL-padded),
+ * then the settings every rank must share (TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER).
+ */
 #define REC_MAGIC 0x54465752u /* "TFWR" */
-#define REC_VERSION 1
+#define REC_VERSION 2
 #define REC_HOST 256
 #define REC_NAME (TFAB_WORLD_NAME_MAX + 1)
-#define REC_LEN (4 + 2 + 4 + 4 + 2 + REC_HOST + REC_NAME)
+#define REC_SHARED (16 + REC_HOST + REC_NAME)
+#define REC_LEN (REC_SHARED + 4 + 4)
 /* Rank 0's answer: 'T' and every record in rank order, or 'E', a status and why. */
 #define ANSWER_TABLE 'T'
 #define ANSWER_ERROR 'E'
@@ -44,6 +48,7 @@ static const char HELLO_KEY[] = "tfab.world.hello";
 
 struct rank_rec {
 	uint32_t rank, size;
+	uint32_t small, eager; /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER */
 	uint16_t port;
 	char host[REC_HOST];
 	char name[REC_NAME];
@@ -77,6 +82,8 @@ static void rec_pack(const struct rank_rec *r, uint8_t *out)
 	memcpy(out + 14, &v, 2);
 	memcpy(out + 16, r->host, strnlen(r->host, REC_HOST - 1));
 	memcpy(out + 16 + REC_HOST, r->name, strnlen(r->name, REC_NAME - 1));
+	put32(out + REC_SHARED, r->small);
+	put32(out + REC_SHARED + 4, r->eager);
 }
 
 /* 0, or -TFAB_ERR_PROTOCOL for what is no record of ours. */
@@ -94,6 +101,31 @@ static int rec_unpack(const uint8_t *in, struct rank_rec *r)
 	r->port = ntohs(v);
 	memcpy(r->host, in + 16, REC_HOST);
 	memcpy(r->name, in + 16 + REC_HOST, REC_NAME);
+	r->small = get32(in + REC_SHARED);
+	r->eager = get32(in + REC_SHARED + 4);
+	return 0;
+}
+
+/*
+ * Whether every rank has this one's settings that the collectives' ways depend on (both ends
+ * of an operation must take the same): -TFAB_ERR_CONFIG, naming the first that differs.
+ */
+static int same_settings(const struct tfab_world *w)
+{
+	const struct rank_rec *me = &w->recs[w->rank];
+
+	for (int r = 0; r < w->size; r++) {
+		const struct rank_rec *o = &w->recs[r];
+
+		if (o->small == me->small && o->eager == me->eager)
+			continue;
+		TFAB_ERROR(
+		    SUBSYS,
+		    "rank %d: rank %d (%s) has TFAB_ALLREDUCE_SMALL=%u and TFAB_COLL_EAGER=%u, "
+		    "this rank %u and %u: every rank of a world must have the same",
+		    w->rank, r, o->name, o->small, o->eager, me->small, me->eager);
+		return -TFAB_ERR_CONFIG;
+	}
 	return 0;
 }
 
@@ -525,6 +557,8 @@ static int settings(struct tfab_world *w, const struct tfab_world_args *args, st
 	if (!me->name[0])
 		snprintf(me->name, sizeof(me->name), "rank %d", w->rank);
 	snprintf(me->host, sizeof(me->host), "%s", host);
+	me->small = w->ctx->cfg.allreduce_small;
+	me->eager = w->eager; /* 0 where another world has the hooks */
 	/* Rank 0 is reached where it said it listens; with an allgather, at this host's name. */
 	if (!me->host[0] && w->rank == 0 && !(args && args->allgather))
 		snprintf(me->host, sizeof(me->host), "%s", cfg->master_addr);
@@ -593,6 +627,8 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 		else
 			rc = meet_through_root(w, mine, deadline);
 	}
+	if (rc == 0 && w->size > 1)
+		rc = same_settings(w);
 	if (rc == 0 && w->size > 1)
 		rc = connect_all(w, deadline);
 	if (rc) {

@@ -103,6 +103,17 @@ def case_missing_rank(port, _provider):
            "rank 1 does not say what rank 0 said", outs)
 
 
+def case_settings_differ(port, _provider):
+    """Rank 1 sends small operands as tensors (TFAB_COLL_EAGER=0), rank 0 eager: the join
+    fails on both with TFAB_ERR_CONFIG, naming the setting, rather than collectives that
+    would wait for operands that go another way."""
+    outs = finish([start(0, 2, port), start(1, 2, port, {"TFAB_COLL_EAGER": "0"})])
+    for rank, (rc, out) in enumerate(outs):
+        expect(rc == 3 and "JOIN_FAILED status=TFAB_ERR_CONFIG" in out,
+               "rank %d did not fail with TFAB_ERR_CONFIG" % rank, outs)
+        expect("TFAB_COLL_EAGER" in out, "rank %d does not name the setting" % rank, outs)
+
+
 def case_twice_and_wrong_size(port, _provider):
     """Rank 1 comes twice, and a rank says the world is larger: the second rank 1 (whichever
     came second) and the other size are refused by name, with TFAB_ERR_PROTOCOL; rank 0 then
@@ -212,7 +223,7 @@ class Lines:
 DEADLINE_MS, BEAT_MS, SLACK_MS = 3000, 500, 1500
 
 
-def coll_fault(port, sig, count=None):
+def coll_fault(port, sig, count=None, ring=False):
     """4 ranks allreduce 4 MiB (or count floats) again and again; rank 2 gets sig in the
     middle: every other rank's allreduce fails with a named status within the deadline plus
     a heartbeat, and every process ends."""
@@ -220,6 +231,11 @@ def coll_fault(port, sig, count=None):
              "TFAB_COLL_PIECE": "262144"}
     if count:
         extra["TEST_COLL_COUNT"] = str(count)
+    if ring:
+        # a rank that fails stays (as long as the deadline), so that the others learn of
+        # it from its draining collective (DEAD), not from its end
+        extra["TEST_COLL_RING"] = "1"
+        extra["TEST_COLL_LINGER_MS"] = str(DEADLINE_MS + BEAT_MS)
     procs = [start(r, 4, port, extra, [COLL, "env"]) for r in range(4)]
     lines = [Lines(p) for p in procs]
     try:
@@ -306,12 +322,20 @@ def case_coll_stop_eager(port, _provider):
     coll_fault(port, signal.SIGSTOP, 2)
 
 
+def case_coll_kill_eager_ring(port, _provider):
+    """A rank killed in the middle of ring allreduces of 256 bytes, whose pieces (64 bytes)
+    go eager and wait for one another: the collectives that fail drain, sending DEAD in place
+    of what they owe, which fails their neighbours' in turn."""
+    coll_fault(port, signal.SIGKILL, 64, ring=True)
+
+
 CASES = [
     (case_four_ranks, None),
     (case_four_ranks, "ofi:tcp"),
     (case_one_rank, None),
     (case_missing_rank, None),
     (case_twice_and_wrong_size, None),
+    (case_settings_differ, None),
     (case_strangers, None),
     (case_no_world, None),
     (case_threads_allgather, None),
@@ -319,6 +343,7 @@ CASES = [
     (case_coll_stop, None),
     (case_coll_kill_eager, None),
     (case_coll_stop_eager, None),
+    (case_coll_kill_eager_ring, None),
     (case_mpirun, None),
 ]
 
