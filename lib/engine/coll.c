@@ -307,6 +307,12 @@ static const char *status_text(int status)
 
 static void op_ended(struct tfab_coll *c, struct coll_op *op, int status);
 
+/* Whether op is a receive whose operand comes in a COLL_DATA message. */
+static bool eager_recv(const struct coll_op *op)
+{
+	return op->eager && op->kind != OP_SEND;
+}
+
 /* The first failure decides; every operation not posted yet is posted at once (drain). */
 static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
 {
@@ -327,7 +333,7 @@ static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
 		if (o->state == ST_WAIT)
 			op_ready(c, o);
 		/* An eager receive holds nothing of its sender's: it need not wait. */
-		else if (o->state == ST_POSTED && o->eager && o->kind != OP_SEND)
+		else if (o->state == ST_POSTED && eager_recv(o))
 			op_ended(c, o, 0);
 	}
 }
@@ -749,18 +755,17 @@ static void drive(struct tfab_world *w)
 			uint8_t *src = op->buf;
 			int rc;
 
+			if (op->eager) {
+				if (op->kind == OP_SEND)
+					eager_sends(c, op, drain);
+				else
+					eager_recv_post(c, op, drain);
+				continue;
+			}
 			if (op->from >= 0)
 				src = kept_data(&c->ops[op->from]);
 			if (!drain && op->kind == OP_SEND && !src) {
 				op_ended(c, op, -EINVAL);
-				continue;
-			}
-			if (op->eager && op->kind != OP_SEND) {
-				eager_recv_post(c, op, drain);
-				continue;
-			}
-			if (op->eager) {
-				eager_sends(c, op, drain);
 				continue;
 			}
 			op->state = ST_POSTED;
@@ -1460,8 +1465,8 @@ static struct coll_op *eager_recv_of(struct tfab_coll *c, const struct tfab_peer
 	for (uint32_t i = 0; i < c->nops; i++) {
 		struct coll_op *op = &c->ops[i];
 
-		if (op->eager && op->kind != OP_SEND && c->w->peers[op->rank] == peer &&
-		    op->tag == m->tag && op->step == m->step && op->piece == m->piece)
+		if (eager_recv(op) && c->w->peers[op->rank] == peer && op->tag == m->tag &&
+		    op->step == m->step && op->piece == m->piece)
 			return op;
 	}
 	return NULL;
@@ -1549,7 +1554,7 @@ static bool fail_posted(struct tfab_world *w, const struct tfab_peer *peer, int 
 		for (uint32_t i = 0; i < c->nops; i++) {
 			struct coll_op *op = &c->ops[i];
 
-			if (!op->eager || op->kind == OP_SEND || op->state != ST_POSTED)
+			if (!eager_recv(op) || op->state != ST_POSTED)
 				continue;
 			if (limit) {
 				/* posted_ms may be a tick past now_ms, read before it */
