@@ -604,10 +604,11 @@ static int op_post(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t 
 		}
 		if (drain) {
 			op->view.data = &none;
-			return tfab_send_to(ctx, peer, key, c->step, &op->view, true, on_dead_sent,
-					    NULL);
+			return tfab__send_to(ctx, peer, key, c->step, &op->view, true,
+					     TFAB_SEND_BOUNDED, on_dead_sent, NULL);
 		}
-		return tfab_send_to(ctx, peer, key, c->step, &op->view, false, on_sent, op);
+		return tfab__send_to(ctx, peer, key, c->step, &op->view, false, TFAB_SEND_BOUNDED,
+				     on_sent, op);
 	}
 	if (op->kind == OP_RECV_INTO && !drain)
 		a.dest = &op->view;

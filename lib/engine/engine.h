@@ -279,6 +279,9 @@ struct tfab_send {
 	bool tracked;	      /* resp is in its peer's answers */
 	int write_err;	      /* the first failure among the writes of this answer */
 	uint64_t answered_ms; /* since when the verdict is due (TFAB_OP_TIMEOUT_MS) */
+	/* TFAB_SEND_BOUNDED: its wait for a request is bounded too, from posted_ms */
+	bool bounded;
+	uint64_t posted_ms;
 	/* A GPU source through a host proxy (data is on the GPU, mr the proxy's region). */
 	bool gpu;
 	void *proxy;
@@ -600,14 +603,27 @@ unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer);
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
-/*
- * Offer data with meta under (key, step), to peer `to` alone or (NULL) to any. With
- * data_pool, data is a pool block that the send owns from here on, even when this fails (it
- * is registered on the path of the peer that takes it).
- */
+/* tfab__send_start's flags */
+enum {
+	TFAB_SEND_DATA_POOL = 1, /* data is a pool block that the send owns from here on, even
+				  * when this fails (registered on the path of the peer that takes
+				  * it) */
+	TFAB_SEND_GPU = 2,	 /* data is on the GPU: through a host proxy */
+	/*
+	 * The wait for the receiver's request is bounded by TFAB_OP_TIMEOUT_MS from the posting
+	 * (a collective's send: its receiver posts the receive once the collective reaches it, or
+	 * has given up on the collective), where an application's send waits for its receive as
+	 * long as the step lives.
+	 */
+	TFAB_SEND_BOUNDED = 4,
+};
+/* Offer data with meta under (key, step), to peer `to` alone or (NULL) to any. */
 int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key, int64_t step,
-		     const struct tfab_wire_meta *meta, void *data, bool data_pool, bool gpu,
-		     tfab_send_cb cb, void *arg);
+		     const struct tfab_wire_meta *meta, void *data, unsigned flags, tfab_send_cb cb,
+		     void *arg);
+/* tfab_send_to with tfab__send_start's flags (TFAB_SEND_BOUNDED). */
+int tfab__send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		  const DLTensor *t, bool is_dead, unsigned flags, tfab_send_cb cb, void *arg);
 /* Free a finished send and what it owns, under the lock. */
 void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
 

@@ -683,15 +683,27 @@ void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms)
 	tfab_list_for_each_safe(l, t, &ctx->sends_live)
 	{
 		struct tfab_send *s = tfab_container_of(l, struct tfab_send, live_link);
+		bool verdict = s->state == TFAB_SEND_ANSWERED;
+		uint64_t since = verdict ? s->answered_ms : s->posted_ms;
 
-		if (s->state != TFAB_SEND_ANSWERED || now_ms - s->answered_ms < limit)
+		/* posted_ms may be a tick past now_ms, read before it */
+		if (!(verdict || (s->bounded && s->state == TFAB_SEND_WAITING)) ||
+		    since >= now_ms || now_ms - since < limit)
 			continue;
-		TFAB_WARN(SUBSYS,
-			  "send of '%s' step %lld to peer %u: no verdict from the peer for %llu ms "
-			  "(waiting for its receive to take what it has); failed "
-			  "(TFAB_OP_TIMEOUT_MS)",
-			  s->key, (long long)s->step, s->resp.peer->id,
-			  (unsigned long long)(now_ms - s->answered_ms));
+		if (verdict)
+			TFAB_WARN(SUBSYS,
+				  "send of '%s' step %lld to peer %u: no verdict from the peer for "
+				  "%llu ms (waiting for its receive to take what it has); failed "
+				  "(TFAB_OP_TIMEOUT_MS)",
+				  s->key, (long long)s->step, s->resp.peer->id,
+				  (unsigned long long)(now_ms - since));
+		else
+			TFAB_WARN(SUBSYS,
+				  "send of '%s' step %lld to peer %u: no request from the peer for "
+				  "%llu ms (its receive gave up, or never came); failed "
+				  "(TFAB_OP_TIMEOUT_MS)",
+				  s->key, (long long)s->step, s->to->id,
+				  (unsigned long long)(now_ms - since));
 		send_finish(ctx, s, -TFAB_ERR_TIMEOUT);
 	}
 }
@@ -878,9 +890,10 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 }
 
 int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key,
-		     int64_t step_id, const struct tfab_wire_meta *meta, void *data, bool data_pool,
-		     bool gpu, tfab_send_cb cb, void *arg)
+		     int64_t step_id, const struct tfab_wire_meta *meta, void *data, unsigned flags,
+		     tfab_send_cb cb, void *arg)
 {
+	bool data_pool = flags & TFAB_SEND_DATA_POOL;
 	struct tfab_response *p;
 	struct tfab_send *s;
 	size_t key_len;
@@ -915,7 +928,9 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	s->key[key_len] = '\0';
 	s->data = data;
 	s->data_pool = data_pool;
-	s->gpu = gpu;
+	s->gpu = flags & TFAB_SEND_GPU;
+	s->bounded = flags & TFAB_SEND_BOUNDED;
+	s->posted_ms = tfab__coarse_ms();
 	tfab__list_init(&s->stage_link);
 	tfab__list_init(&s->live_link);
 	s->meta = *meta;
@@ -968,8 +983,8 @@ err_data:
 }
 
 static int send_dltensor(struct tfab_context *ctx, struct tfab_peer *to, const char *key,
-			 int64_t step_id, const DLTensor *t, bool is_dead, tfab_send_cb cb,
-			 void *arg)
+			 int64_t step_id, const DLTensor *t, bool is_dead, unsigned flags,
+			 tfab_send_cb cb, void *arg)
 {
 	struct tfab_wire_meta meta;
 	void *data;
@@ -987,20 +1002,27 @@ static int send_dltensor(struct tfab_context *ctx, struct tfab_peer *to, const c
 		if (rc)
 			return rc;
 	}
-	return tfab__send_start(ctx, to, key, step_id, &meta, data, false, tfab__on_gpu(t), cb,
-				arg);
+	if (tfab__on_gpu(t))
+		flags |= TFAB_SEND_GPU;
+	return tfab__send_start(ctx, to, key, step_id, &meta, data, flags, cb, arg);
 }
 
 int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
 	      bool is_dead, tfab_send_cb cb, void *arg)
 {
-	return send_dltensor(ctx, NULL, key, step_id, t, is_dead, cb, arg);
+	return send_dltensor(ctx, NULL, key, step_id, t, is_dead, 0, cb, arg);
 }
 
 int tfab_send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
 		 const DLTensor *t, bool is_dead, tfab_send_cb cb, void *arg)
 {
+	return tfab__send_to(ctx, peer, key, step_id, t, is_dead, 0, cb, arg);
+}
+
+int tfab__send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		  const DLTensor *t, bool is_dead, unsigned flags, tfab_send_cb cb, void *arg)
+{
 	if (!peer)
 		return -EINVAL;
-	return send_dltensor(ctx, peer, key, step_id, t, is_dead, cb, arg);
+	return send_dltensor(ctx, peer, key, step, t, is_dead, flags & TFAB_SEND_BOUNDED, cb, arg);
 }

@@ -105,7 +105,8 @@ static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const ch
 		meta.nbytes = len + TFAB_WIRE_STRING_LEN;
 		count_copied(ctx, len);
 	}
-	return tfab__send_start(ctx, to, key, step_id, &meta, buf, buf != NULL, false, cb, arg);
+	return tfab__send_start(ctx, to, key, step_id, &meta, buf, buf ? TFAB_SEND_DATA_POOL : 0,
+				cb, arg);
 }
 
 int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,

@@ -823,19 +823,24 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 
 /*
  * A straggler (run with a short TFAB_OP_TIMEOUT_MS): rank 0 allreduces 8 bytes alone while
- * the others, alive, hold back for three deadlines. Its eager receives fail by the stall
- * deadline (TFAB_ERR_TIMEOUT), though its own operands went out; the others then run that
- * allreduce and get the right sum (rank 0's operand waited for them), and a second one
- * ends well everywhere (what came late for rank 0's failed one was dropped).
+ * the others, alive, hold back for three deadlines. Its receives fail by the stall deadline
+ * (TFAB_ERR_TIMEOUT). Then the others run that allreduce:
+ * - eager operands (the default): rank 0's went out, so they get the right sum;
+ * - tensors (TFAB_COLL_EAGER=0): rank 0's sends waited for requests a deadline too (nobody
+ *   asked), and their sends to rank 0 wait for receives that gave up; every one of those
+ *   waits is bounded, so they fail with TFAB_ERR_TIMEOUT within two deadlines, not hang.
+ * A second allreduce, which rank 0 starts once the others have ended the first, ends well
+ * everywhere (what came late for rank 0's failed one was dropped).
  */
-static atomic_int straggler_failed;
+static atomic_int straggler_failed, straggler_late_done;
 
 static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 {
 	const struct dtype *d = &DTYPES[0];
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
-	const char *limit = getenv("TFAB_OP_TIMEOUT_MS");
+	const char *limit = getenv("TFAB_OP_TIMEOUT_MS"), *eager = getenv("TFAB_COLL_EAGER");
 	long deadline_ms = limit ? atol(limit) : 0;
+	bool tensors = eager && atol(eager) == 0;
 	int64_t count = 2;
 	float v[2], want[2];
 	atomic_int order = 0;
@@ -855,6 +860,12 @@ static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 			/* until rank 0's has failed, and no longer than three deadlines */
 			for (t0 = now_ms(); !atomic_load(&straggler_failed) &&
 					    now_ms() - t0 < 3 * (uint64_t)deadline_ms;)
+				usleep(1000);
+		}
+		if (round == 1 && rank == 0) {
+			/* until the others have ended the first, and no longer than four deadlines */
+			for (t0 = now_ms(); atomic_load(&straggler_late_done) < n - 1 &&
+					    now_ms() - t0 < 4 * (uint64_t)deadline_ms;)
 				usleep(1000);
 		}
 		fill(d, v, rank, 0, 2);
@@ -877,6 +888,19 @@ static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 			}
 			continue;
 		}
+		if (round == 0 && tensors) {
+			atomic_fetch_add(&straggler_late_done, 1);
+			if (j.status != -TFAB_ERR_TIMEOUT ||
+			    now_ms() - t0 > 2 * (uint64_t)deadline_ms + 500) {
+				printf("rank %d: straggler round 0 on tensors: %s after %" PRIu64
+				       " ms, not TFAB_ERR_TIMEOUT within two deadlines\n",
+				       rank, ranks_status_name(j.status), now_ms() - t0);
+				bad = 1;
+			}
+			continue;
+		}
+		if (round == 0)
+			atomic_fetch_add(&straggler_late_done, 1);
 		if (j.status) {
 			printf("rank %d: straggler round %d: %s\n", rank, round,
 			       ranks_status_name(j.status));
