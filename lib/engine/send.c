@@ -21,7 +21,8 @@
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step)
 {
-	return tfab__hash_bytes(&step, sizeof(step), tfab__hash_bytes(key, key_len, 0));
+	/* the step seeds the key's hash: one pass */
+	return tfab__hash_bytes(key, key_len, (uint64_t)step ^ 0x2545f4914f6cdd1dull);
 }
 
 static uint64_t index_hash(uint32_t req_index)
@@ -39,11 +40,9 @@ static bool same_key(const char *a, uint16_t alen, int64_t astep, const char *b,
  * The send of (key, step) that a request from peer may take: one for any peer, or for that
  * one (at most one matches: tfab__send_start refuses overlaps).
  */
-static struct tfab_send *send_match(struct tfab_context *ctx, const char *key, uint16_t key_len,
-				    int64_t step, const struct tfab_peer *peer)
+static struct tfab_send *send_match(struct tfab_context *ctx, uint64_t h, const char *key,
+				    uint16_t key_len, int64_t step, const struct tfab_peer *peer)
 {
-	uint64_t h = tfab__send_hash(key, key_len, step);
-
 	for (struct tfab_hnode *n = tfab__htable_first(&ctx->sends, h); n;
 	     n = tfab__htable_next(n, h)) {
 		struct tfab_send *s = tfab_container_of(n, struct tfab_send, node);
@@ -56,11 +55,9 @@ static struct tfab_send *send_match(struct tfab_context *ctx, const char *key, u
 }
 
 /* Whether a send of (key, step) for `to` would overlap one already offered. */
-static bool send_overlaps(struct tfab_context *ctx, const char *key, uint16_t key_len, int64_t step,
-			  const struct tfab_peer *to)
+static bool send_overlaps(struct tfab_context *ctx, uint64_t h, const char *key, uint16_t key_len,
+			  int64_t step, const struct tfab_peer *to)
 {
-	uint64_t h = tfab__send_hash(key, key_len, step);
-
 	for (struct tfab_hnode *n = tfab__htable_first(&ctx->sends, h); n;
 	     n = tfab__htable_next(n, h)) {
 		struct tfab_send *s = tfab_container_of(n, struct tfab_send, node);
@@ -73,10 +70,9 @@ static bool send_overlaps(struct tfab_context *ctx, const char *key, uint16_t ke
 }
 
 /* The oldest parked request for (key, step) that a send for `to` (NULL: any) may take. */
-static struct tfab_response *parked_find(struct tfab_context *ctx, const char *key,
+static struct tfab_response *parked_find(struct tfab_context *ctx, uint64_t h, const char *key,
 					 uint16_t key_len, int64_t step, const struct tfab_peer *to)
 {
-	uint64_t h = tfab__send_hash(key, key_len, step);
 	struct tfab_response *found = NULL;
 
 	/* Chains are newest first: the last match is the oldest request. */
@@ -251,7 +247,7 @@ static void send_reoffer(struct tfab_context *ctx, struct tfab_send *s)
 	s->state = TFAB_SEND_WAITING;
 	s->taken = s->cancelled = false;
 	s->write_err = 0;
-	p = parked_find(ctx, s->key, s->key_len, s->step, s->to);
+	p = parked_find(ctx, s->node.hash, s->key, s->key_len, s->step, s->to);
 	if (p) {
 		take_parked(ctx, s, p);
 		answer(ctx, s);
@@ -514,7 +510,9 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 		send_finish(ctx, s, rc);
 }
 
-static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct tfab_wire_msg *m)
+/* Park m (h: its key and step's tfab__send_hash) until a send for it comes. */
+static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct tfab_wire_msg *m,
+		 uint64_t h)
 {
 	struct tfab_response *p = malloc(sizeof(*p));
 
@@ -538,8 +536,7 @@ static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct 
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
 		return;
 	}
-	if (tfab__htable_insert(&ctx->parked, &p->node,
-				tfab__send_hash(p->key, p->key_len, p->step))) {
+	if (tfab__htable_insert(&ctx->parked, &p->node, h)) {
 		tfab__htable_remove(&peer->answers, &p->inode);
 		free(p);
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
@@ -553,6 +550,7 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 {
 	struct tfab_context *ctx = peer->ctx;
 	struct tfab_send *s;
+	uint64_t h;
 
 	TFAB_DEBUG(SUBSYS, "request %#x of peer %u for '%.*s' step %lld%s", m->req_index, peer->id,
 		   (int)m->key_len, (const char *)m->key, (long long)m->step_id,
@@ -567,9 +565,10 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 		tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 		return;
 	}
-	s = send_match(ctx, (const char *)m->key, m->key_len, m->step_id, peer);
+	h = tfab__send_hash((const char *)m->key, m->key_len, m->step_id);
+	s = send_match(ctx, h, (const char *)m->key, m->key_len, m->step_id, peer);
 	if (!s || s->state != TFAB_SEND_WAITING) {
-		park(ctx, peer, m);
+		park(ctx, peer, m, h);
 		return;
 	}
 	s->resp.peer = peer;
@@ -897,6 +896,7 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	struct tfab_response *p;
 	struct tfab_send *s;
 	size_t key_len;
+	uint64_t h;
 	int rc;
 
 	rc = tfab__check_key(key, &key_len);
@@ -940,26 +940,26 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	tfab__list_init(&s->link);
 	tfab__list_init(&s->done_link);
 
-	if (send_overlaps(ctx, key, (uint16_t)key_len, step_id, to)) {
+	h = tfab__send_hash(key, (uint16_t)key_len, step_id);
+	if (send_overlaps(ctx, h, key, (uint16_t)key_len, step_id, to)) {
 		TFAB_ERROR(SUBSYS, "'%s' step %lld is already being sent%s", key,
 			   (long long)step_id, to ? " to that peer, or to any" : "");
 		rc = -EEXIST;
 		goto err;
 	}
-	rc = tfab__htable_insert(&ctx->sends, &s->node,
-				 tfab__send_hash(key, (uint16_t)key_len, step_id));
+	rc = tfab__htable_insert(&ctx->sends, &s->node, h);
 	if (rc)
 		goto err;
 	s->seq = ++ctx->send_seq;
 	tfab__list_add_tail(&ctx->sends_live, &s->live_link);
 	TFAB_DEBUG(SUBSYS, "send of '%s' step %lld (%llu bytes%s) posted", key, (long long)step_id,
 		   (unsigned long long)meta->nbytes, meta->is_dead ? ", dead" : "");
-	p = parked_find(ctx, key, (uint16_t)key_len, step_id, to);
+	p = parked_find(ctx, h, key, (uint16_t)key_len, step_id, to);
 	if (!p && ctx->nheld) {
 		/* The request may be among the messages the last progress call held back. */
 		tfab__held_dispatch(ctx);
 		if (s->state == TFAB_SEND_WAITING)
-			p = parked_find(ctx, key, (uint16_t)key_len, step_id, to);
+			p = parked_find(ctx, h, key, (uint16_t)key_len, step_id, to);
 	}
 	if (p) {
 		take_parked(ctx, s, p);
