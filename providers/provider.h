@@ -162,6 +162,12 @@ struct tfab_provider_ops {
 	 * go on landing after their region is deregistered). Nothing polls it after this.
 	 */
 	void (*quiesce)(struct tfab_ep *ep);
+	/*
+	 * Optional: a peer had this endpoint's address and keys (the engine's blob) and is gone
+	 * without a connection of ours to it; it may have connected and written all the same (a
+	 * backend that accepts connections by itself): quiesce and close as if it had been ours.
+	 */
+	void (*expose)(struct tfab_ep *ep);
 	const struct tfab_caps *(*caps)(const struct tfab_ep *ep);
 
 	/* The endpoint's address blob; *len_p in: capacity, out: length. */
@@ -216,6 +222,12 @@ static inline void tfab_ep_quiesce(struct tfab_ep *ep)
 {
 	if (ep && ep->ops->quiesce)
 		ep->ops->quiesce(ep);
+}
+
+static inline void tfab_ep_expose(struct tfab_ep *ep)
+{
+	if (ep && ep->ops->expose)
+		ep->ops->expose(ep);
 }
 
 static inline const struct tfab_caps *tfab_ep_caps(const struct tfab_ep *ep)

@@ -11,8 +11,10 @@
  * A failure drains: the collective posts at once every receive it has not posted (into pool
  * blocks it drops) and a dead tensor for every send it has not posted, so that the
  * neighbours waiting for them fail at once, and theirs in turn; it ends when every operation
- * it posted has ended. So every rank, failed or not, eventually takes every send addressed
- * to it, and nothing waits on a rank that gave up.
+ * it posted has ended. So every rank, failed or not, takes every send addressed to it that
+ * it has not given up on; a send that its rank gave up on by the stall deadline (or never
+ * asks for) fails by the same deadline (TFAB_SEND_BOUNDED), and nothing waits for ever on a
+ * rank that gave up.
  */
 #include <errno.h>
 #include <stddef.h>

@@ -96,6 +96,7 @@ struct tfab_peer {
 	struct tfab_path *path; /* the path it is on, once connected */
 	struct tfab_conn *conn;
 	bool connected;
+	bool blob_out;	       /* our blob (every path's address and keys) went out for it */
 	int failed;	       /* 0, or the status its operations fail with */
 	int sock;	       /* bootstrap connection watched for the peer's death, or -1 */
 	uint64_t inflight;     /* bytes of pool destinations its requests hold */
@@ -279,9 +280,9 @@ struct tfab_send {
 	bool tracked;	      /* resp is in its peer's answers */
 	int write_err;	      /* the first failure among the writes of this answer */
 	uint64_t answered_ms; /* since when the verdict is due (TFAB_OP_TIMEOUT_MS) */
-	/* TFAB_SEND_BOUNDED: its wait for a request is bounded too, from posted_ms */
+	/* TFAB_SEND_BOUNDED: its wait for a request is bounded too, from waiting_ms */
 	bool bounded;
-	uint64_t posted_ms;
+	uint64_t waiting_ms; /* since when it is TFAB_SEND_WAITING */
 	/* A GPU source through a host proxy (data is on the GPU, mr the proxy's region). */
 	bool gpu;
 	void *proxy;

@@ -168,6 +168,9 @@ void tfab__peer_free(struct tfab_peer *peer)
 		tfab_conn_cut(peer->conn);
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
+	/* Never on a path of ours, it had the keys of all: it may have written on any. */
+	for (unsigned i = 0; peer->blob_out && !peer->path && i < ctx->npaths; i++)
+		tfab_ep_expose(ctx->paths[i].ep);
 	peer->conn = NULL;
 	if (peer->sock >= 0) {
 		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);
@@ -302,6 +305,7 @@ static int peer_blob(struct tfab_peer *peer, void *buf, size_t *len_p)
 		    .addr = addr[i],
 		};
 	}
+	peer->blob_out = true;
 	return tfab__wire_blob_encode(&b, buf, *len_p, len_p);
 }
 

@@ -245,6 +245,7 @@ static void send_reoffer(struct tfab_context *ctx, struct tfab_send *s)
 		s->mr = NULL;
 	}
 	s->state = TFAB_SEND_WAITING;
+	s->waiting_ms = tfab__coarse_ms();
 	s->taken = s->cancelled = false;
 	s->write_err = 0;
 	p = parked_find(ctx, s->node.hash, s->key, s->key_len, s->step, s->to);
@@ -504,7 +505,8 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 		s->answered_ms = tfab__coarse_ms();
 		rc = track(s);
 	} else if (rc == 0) {
-		s->state = TFAB_SEND_WAITING;
+		s->state = TFAB_SEND_WAITING; /* for the re-request */
+		s->waiting_ms = tfab__coarse_ms();
 	}
 	if (rc)
 		send_finish(ctx, s, rc);
@@ -683,9 +685,9 @@ void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms)
 	{
 		struct tfab_send *s = tfab_container_of(l, struct tfab_send, live_link);
 		bool verdict = s->state == TFAB_SEND_ANSWERED;
-		uint64_t since = verdict ? s->answered_ms : s->posted_ms;
+		uint64_t since = verdict ? s->answered_ms : s->waiting_ms;
 
-		/* posted_ms may be a tick past now_ms, read before it */
+		/* since may be a tick past now_ms, read before it */
 		if (!(verdict || (s->bounded && s->state == TFAB_SEND_WAITING)) ||
 		    since >= now_ms || now_ms - since < limit)
 			continue;
@@ -900,8 +902,8 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	int rc;
 
 	rc = tfab__check_key(key, &key_len);
-	if (rc == 0 && to && to->ctx != ctx)
-		rc = -EINVAL;
+	if (rc == 0 && ((to && to->ctx != ctx) || (!to && (flags & TFAB_SEND_BOUNDED))))
+		rc = -EINVAL; /* a bounded send waits for one peer's request */
 	if (rc)
 		goto err_data;
 	tfab__ctx_lock(ctx);
@@ -930,7 +932,7 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	s->data_pool = data_pool;
 	s->gpu = flags & TFAB_SEND_GPU;
 	s->bounded = flags & TFAB_SEND_BOUNDED;
-	s->posted_ms = tfab__coarse_ms();
+	s->waiting_ms = tfab__coarse_ms();
 	tfab__list_init(&s->stage_link);
 	tfab__list_init(&s->live_link);
 	s->meta = *meta;

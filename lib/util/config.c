@@ -183,7 +183,8 @@ static const struct tfab_config_entry table[] = {
      FIELD(connect_timeout_ms), &parser_uint, 1, 3600000},
     {"TFAB_OP_TIMEOUT_MS", "60000",
      "A receive that gets nothing from its peer for this long (no content, no meta-data), "
-     "and a send whose receiver gives no verdict on content it has for this long, fail with "
+     "a send whose receiver gives no verdict on content it has for this long, and a "
+     "collective's send that its receiver does not ask for in this long, fail with "
      "TFAB_ERR_TIMEOUT and a warning naming the peer, key and step; 0 waits for ever. "
      "Blocking receives keep their own timeout",
      FIELD(op_timeout_ms), &parser_uint, 0, 86400000},

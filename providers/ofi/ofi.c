@@ -107,12 +107,13 @@ struct tfab_ofi_ep {
 	bool cut_unsafe, cut_seen;
 	bool quiesced, at_rest; /* close_drain ran (tfab_ofi_quiesce), and came to rest */
 	/*
-	 * A connection was ever made: without one, no peer has the keys of our regions, so no
-	 * write can be landing and the drain (CLOSE_QUIET_MS of polling) is skipped. A context
-	 * opens every path it has before it knows its peers, and one whose peers are all on
-	 * another (shm, same host) closed its rxm endpoint 50 ms later than it opened it.
+	 * A connection was ever made, or a peer that had our address and keys left without one
+	 * (tfab_ofi_expose: rxm accepts its connections by itself). Otherwise no write can be
+	 * landing, and the drain (CLOSE_QUIET_MS of polling) is skipped: a context opens every
+	 * path it has before it knows its peers, and one whose peers were all on another (shm,
+	 * same host) closed its rxm endpoint 50 ms later than it opened it.
 	 */
-	bool had_peers;
+	bool exposed;
 	/*
 	 * Remote writes' sources (REMOTE_WRITE's src): read with fi_cq_readfrom into cqsrc where
 	 * the provider fills it in (FI_SOURCE), and mapped by fi_addr_t (an index: FI_AV_TABLE)
@@ -493,11 +494,16 @@ static void tfab_ofi_quiesce(struct tfab_ep *base)
 {
 	struct tfab_ofi_ep *ep = ofi_ep(base);
 
-	if (ep->cut_unsafe && !ep->cut_seen && ep->ep && !ep->quiesced && ep->had_peers)
+	if (ep->cut_unsafe && !ep->cut_seen && ep->ep && !ep->quiesced && ep->exposed)
 		ep->at_rest = close_drain(ep);
-	else if (!ep->had_peers)
+	else if (!ep->exposed)
 		ep->at_rest = true;
 	ep->quiesced = true;
+}
+
+static void tfab_ofi_expose(struct tfab_ep *base)
+{
+	ofi_ep(base)->exposed = true;
 }
 
 static int tfab_ofi_close(struct tfab_ep *base)
@@ -517,7 +523,7 @@ static int tfab_ofi_close(struct tfab_ep *base)
 				  "(libfabric 1.17 crashes closing it)",
 				  ep->caps.fabric);
 			leave_open = true;
-		} else if (!(ep->quiesced ? ep->at_rest : !ep->had_peers || close_drain(ep))) {
+		} else if (!(ep->quiesced ? ep->at_rest : !ep->exposed || close_drain(ep))) {
 			TFAB_WARN(SUBSYS,
 				  "%s: peers still writing after %d ms: the endpoint is "
 				  "left open until the process ends (libfabric 1.17 crashes "
@@ -747,7 +753,7 @@ static int tfab_ofi_connect(struct tfab_ep *base, const void *addr, size_t len,
 	peer->ep = ep;
 	peer->pid = shm_pid(ep, addr, len);
 	ep->npeers++;
-	ep->had_peers = true;
+	ep->exposed = true;
 	*conn_p = &peer->base;
 	return 0;
 }
@@ -1067,6 +1073,7 @@ const struct tfab_provider_ops tfab_ofi_ops = {
     .open = tfab_ofi_open,
     .close = tfab_ofi_close,
     .quiesce = tfab_ofi_quiesce,
+    .expose = tfab_ofi_expose,
     .caps = tfab_ofi_caps,
     .get_addr = tfab_ofi_get_addr,
     .connect = tfab_ofi_connect,

@@ -916,6 +916,50 @@ static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 }
 
 /*
+ * Late, but within the deadline (run with a short TFAB_OP_TIMEOUT_MS, on tensors): in each of
+ * two allreduces rank 0 starts alone and the others half a deadline later. Rank 0's sends
+ * wait that long for their requests, under the bound (the deadline, no less): every rank's
+ * allreduce ends well, with the right sum.
+ */
+static int late(struct tfab_context *ctx, struct tfab_world *w, void *arg)
+{
+	const struct dtype *d = &DTYPES[0];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+	const char *limit = getenv("TFAB_OP_TIMEOUT_MS");
+	long deadline_ms = limit ? atol(limit) : 0;
+	int64_t count = 2;
+	float v[2], want[2];
+	atomic_int order = 0;
+
+	(void)ctx;
+	(void)arg;
+	if (deadline_ms <= 0 || deadline_ms > 5000) {
+		printf("late: needs a TFAB_OP_TIMEOUT_MS of at most 5 s\n");
+		return 1;
+	}
+	for (int round = 0; round < 2 && !bad; round++) {
+		struct job j = {1, -1, &order};
+		DLTensor t = tensor_of(d, v, &count);
+
+		if (rank != 0)
+			usleep((useconds_t)deadline_ms * 500);
+		fill(d, v, rank, 0, 2);
+		if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, on_done, &j))
+			return 1;
+		bad |= wait_all(w, "late");
+		if (j.status) {
+			printf("rank %d: late round %d: %s\n", rank, round,
+			       ranks_status_name(j.status));
+			bad = 1;
+			continue;
+		}
+		allreduce_reference(d, TFAB_OP_SUM, false, n, 2, want);
+		bad |= compare(rank, "late", v, want, 2, 4);
+	}
+	return bad;
+}
+
+/*
  * One rank of a world from the environment: allreduce after allreduce, checked: of 4 MiB
  * around the ring, or with TEST_COLL_COUNT of that many floats by the algorithm the size
  * picks (a few: direct, their operands eager), or with TEST_COLL_RING too around the ring.
@@ -1019,8 +1063,9 @@ int main(int argc, char **argv)
 			printf("OK\n");
 		return rc;
 	}
-	if (argc == 3 && strcmp(argv[1], "straggler") == 0) {
-		int rc = ranks_run_threads(atoi(argv[2]), WAIT_MS, straggler, NULL);
+	if (argc == 3 && (strcmp(argv[1], "straggler") == 0 || strcmp(argv[1], "late") == 0)) {
+		int rc = ranks_run_threads(atoi(argv[2]), WAIT_MS,
+					   argv[1][0] == 's' ? straggler : late, NULL);
 
 		if (rc == 0)
 			printf("OK\n");
@@ -1028,6 +1073,6 @@ int main(int argc, char **argv)
 	}
 	if (argc >= 2 && strcmp(argv[1], "env") == 0)
 		return run_env(argc == 3 ? atol(argv[2]) : -1);
-	fprintf(stderr, "usage: %s threads N | straggler N | env [ITERS]\n", argv[0]);
+	fprintf(stderr, "usage: %s threads N | straggler N | late N | env [ITERS]\n", argv[0]);
 	return 2;
 }
