@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -821,6 +822,55 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	return bad;
 }
 
+/* TFAB_OP_TIMEOUT_MS for the deadline cases, which need a short one; -1 (said) otherwise. */
+static long short_deadline_ms(const char *what)
+{
+	const char *limit = getenv("TFAB_OP_TIMEOUT_MS");
+	long ms = limit ? atol(limit) : 0;
+
+	if (ms <= 0 || ms > 5000) {
+		printf("%s: needs a TFAB_OP_TIMEOUT_MS of at most 5 s\n", what);
+		return -1;
+	}
+	return ms;
+}
+
+/*
+ * The deadline cases' allreduce: the sum of two floats, this rank's pattern in v. Its status,
+ * or INT_MIN (said) where it could not be posted or waited for.
+ */
+static int sum2(struct tfab_world *w, float v[2], const char *what)
+{
+	int64_t count = 2;
+	DLTensor t = tensor_of(&DTYPES[0], v, &count);
+	atomic_int order = 0;
+	struct job j = {1, -1, &order};
+
+	fill(&DTYPES[0], v, tfab_world_rank(w), 0, 2);
+	if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, on_done, &j) || wait_all(w, what))
+		return INT_MIN;
+	return j.status;
+}
+
+static const char *sum2_status(int status)
+{
+	return status == INT_MIN ? "not posted or not waited for" : ranks_status_name(status);
+}
+
+/* A sum2 that had to end well (status): 0, or 1 said. */
+static int sum2_ok(struct tfab_world *w, int status, const float v[2], const char *what, int round)
+{
+	float want[2];
+
+	if (status) {
+		printf("rank %d: %s round %d: %s\n", tfab_world_rank(w), what, round,
+		       sum2_status(status));
+		return 1;
+	}
+	allreduce_reference(&DTYPES[0], TFAB_OP_SUM, false, tfab_world_size(w), 2, want);
+	return compare(tfab_world_rank(w), what, v, want, 2, 4);
+}
+
 /*
  * A straggler (run with a short TFAB_OP_TIMEOUT_MS): rank 0 allreduces 8 bytes alone while
  * the others, alive, hold back for three deadlines. Its receives fail by the stall deadline
@@ -836,24 +886,17 @@ static atomic_int straggler_failed, straggler_late_done;
 
 static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 {
-	const struct dtype *d = &DTYPES[0];
-	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
-	const char *limit = getenv("TFAB_OP_TIMEOUT_MS"), *eager = getenv("TFAB_COLL_EAGER");
-	long deadline_ms = limit ? atol(limit) : 0;
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, status;
+	const char *eager = getenv("TFAB_COLL_EAGER");
+	long deadline_ms = short_deadline_ms("straggler");
 	bool tensors = eager && atol(eager) == 0;
-	int64_t count = 2;
-	float v[2], want[2];
-	atomic_int order = 0;
+	float v[2];
 
 	(void)ctx;
 	(void)arg;
-	if (deadline_ms <= 0 || deadline_ms > 5000) {
-		printf("straggler: needs a TFAB_OP_TIMEOUT_MS of at most 5 s\n");
+	if (deadline_ms < 0)
 		return 1;
-	}
 	for (int round = 0; round < 2; round++) {
-		struct job j = {1, -1, &order};
-		DLTensor t = tensor_of(d, v, &count);
 		uint64_t t0;
 
 		if (round == 0 && rank != 0) {
@@ -868,17 +911,14 @@ static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 					    now_ms() - t0 < 4 * (uint64_t)deadline_ms;)
 				usleep(1000);
 		}
-		fill(d, v, rank, 0, 2);
 		t0 = now_ms();
-		if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, on_done, &j))
-			return 1;
-		bad |= wait_all(w, "straggler");
+		status = sum2(w, v, "straggler");
 		if (round == 0 && rank == 0) {
 			atomic_store(&straggler_failed, 1);
-			if (j.status != -TFAB_ERR_TIMEOUT) {
+			if (status != -TFAB_ERR_TIMEOUT) {
 				printf("rank 0: alone, the allreduce ended with %s, not "
 				       "TFAB_ERR_TIMEOUT\n",
-				       ranks_status_name(j.status));
+				       sum2_status(status));
 				bad = 1;
 			}
 			/* the library reads the coarse clock, a tick behind this one */
@@ -888,27 +928,19 @@ static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 			}
 			continue;
 		}
-		if (round == 0 && tensors) {
+		if (round == 0)
 			atomic_fetch_add(&straggler_late_done, 1);
-			if (j.status != -TFAB_ERR_TIMEOUT ||
+		if (round == 0 && tensors) {
+			if (status != -TFAB_ERR_TIMEOUT ||
 			    now_ms() - t0 > 2 * (uint64_t)deadline_ms + 500) {
 				printf("rank %d: straggler round 0 on tensors: %s after %" PRIu64
 				       " ms, not TFAB_ERR_TIMEOUT within two deadlines\n",
-				       rank, ranks_status_name(j.status), now_ms() - t0);
+				       rank, sum2_status(status), now_ms() - t0);
 				bad = 1;
 			}
 			continue;
 		}
-		if (round == 0)
-			atomic_fetch_add(&straggler_late_done, 1);
-		if (j.status) {
-			printf("rank %d: straggler round %d: %s\n", rank, round,
-			       ranks_status_name(j.status));
-			bad = 1;
-			continue;
-		}
-		allreduce_reference(d, TFAB_OP_SUM, false, n, 2, want);
-		bad |= compare(rank, "straggler", v, want, 2, 4);
+		bad |= sum2_ok(w, status, v, "straggler", round);
 	}
 	if (rank == 0)
 		printf("rank 0: straggler %s\n", bad ? "FAILED" : "ok");
@@ -923,38 +955,18 @@ static int straggler(struct tfab_context *ctx, struct tfab_world *w, void *arg)
  */
 static int late(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 {
-	const struct dtype *d = &DTYPES[0];
-	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
-	const char *limit = getenv("TFAB_OP_TIMEOUT_MS");
-	long deadline_ms = limit ? atol(limit) : 0;
-	int64_t count = 2;
-	float v[2], want[2];
-	atomic_int order = 0;
+	long deadline_ms = short_deadline_ms("late");
+	int bad = 0;
+	float v[2];
 
 	(void)ctx;
 	(void)arg;
-	if (deadline_ms <= 0 || deadline_ms > 5000) {
-		printf("late: needs a TFAB_OP_TIMEOUT_MS of at most 5 s\n");
+	if (deadline_ms < 0)
 		return 1;
-	}
 	for (int round = 0; round < 2 && !bad; round++) {
-		struct job j = {1, -1, &order};
-		DLTensor t = tensor_of(d, v, &count);
-
-		if (rank != 0)
+		if (tfab_world_rank(w) != 0)
 			usleep((useconds_t)deadline_ms * 500);
-		fill(d, v, rank, 0, 2);
-		if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, on_done, &j))
-			return 1;
-		bad |= wait_all(w, "late");
-		if (j.status) {
-			printf("rank %d: late round %d: %s\n", rank, round,
-			       ranks_status_name(j.status));
-			bad = 1;
-			continue;
-		}
-		allreduce_reference(d, TFAB_OP_SUM, false, n, 2, want);
-		bad |= compare(rank, "late", v, want, 2, 4);
+		bad |= sum2_ok(w, sum2(w, v, "late"), v, "late", round);
 	}
 	return bad;
 }
