@@ -611,10 +611,10 @@ enum {
 				  * it) */
 	TFAB_SEND_GPU = 2,	 /* data is on the GPU: through a host proxy */
 	/*
-	 * The wait for the receiver's request is bounded by TFAB_OP_TIMEOUT_MS from the posting
-	 * (a collective's send: its receiver posts the receive once the collective reaches it, or
-	 * has given up on the collective), where an application's send waits for its receive as
-	 * long as the step lives.
+	 * The wait for the receiver's request is bounded by TFAB_OP_TIMEOUT_MS, from when the
+	 * send began to wait (its posting, a META_DATA reply, a re-offer): a collective's send,
+	 * whose receiver posts the receive once the collective reaches it, or has given up on
+	 * the collective; an application's send waits for its receive as long as the step lives.
 	 */
 	TFAB_SEND_BOUNDED = 4,
 };
