@@ -168,6 +168,13 @@ struct tfab_provider_ops {
 	 * backend that accepts connections by itself): quiesce and close as if it had been ours.
 	 */
 	void (*expose)(struct tfab_ep *ep);
+	/*
+	 * Optional: whether a poll now would report nothing (no entry published to us, no write
+	 * of ours in progress or unacknowledged), read far more cheaply than a poll; where it is
+	 * NULL, the engine always polls. False when unsure. Timed housekeeping may wait: the
+	 * engine polls in full at least every 50 ms (its liveness checks).
+	 */
+	bool (*quiet)(struct tfab_ep *ep);
 	const struct tfab_caps *(*caps)(const struct tfab_ep *ep);
 
 	/* The endpoint's address blob; *len_p in: capacity, out: length. */
@@ -228,6 +235,11 @@ static inline void tfab_ep_expose(struct tfab_ep *ep)
 {
 	if (ep && ep->ops->expose)
 		ep->ops->expose(ep);
+}
+
+static inline bool tfab_ep_quiet(struct tfab_ep *ep)
+{
+	return ep->ops->quiet && ep->ops->quiet(ep);
 }
 
 static inline const struct tfab_caps *tfab_ep_caps(const struct tfab_ep *ep)

@@ -24,6 +24,7 @@
 void tfab__ctx_lock(struct tfab_context *ctx)
 {
 	pthread_mutex_lock(&ctx->lock);
+	ctx->quiet = false; /* whoever takes it may leave work for progress */
 }
 
 void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline)
@@ -32,6 +33,7 @@ void tfab__cond_wait_until(struct tfab_context *ctx, uint64_t deadline)
 			      .tv_nsec = (long)(deadline % 1000) * 1000000};
 
 	pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts); /* ctx->cond is on CLOCK_MONOTONIC */
+	ctx->quiet = false;				     /* the lock was another's meanwhile */
 }
 
 static bool callbacks_due(const struct tfab_context *ctx)
@@ -44,7 +46,7 @@ void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *
 {
 	pthread_t self = pthread_self();
 
-	pthread_mutex_lock(&ctx->lock);
+	tfab__ctx_lock(ctx);
 	ctx->coll = hooks;
 	ctx->coll_arg = arg;
 	ctx->coll_due = false;
@@ -104,7 +106,7 @@ static void deliver(struct tfab_context *ctx)
 	}
 
 	/* Free under the lock: a send's write may still be in flight. */
-	pthread_mutex_lock(&ctx->lock);
+	tfab__ctx_lock(ctx);
 	/*
 	 * The collectives' work, after the callbacks: the hooks are read under the lock now, so
 	 * that a callback that left the world (removing them) is seen.
@@ -118,7 +120,7 @@ static void deliver(struct tfab_context *ctx)
 			ctx->coll_kicking++;
 			pthread_mutex_unlock(&ctx->lock);
 			coll->kick(coll_arg);
-			pthread_mutex_lock(&ctx->lock);
+			tfab__ctx_lock(ctx);
 			if (--ctx->coll_kicking == 0)
 				pthread_cond_broadcast(&ctx->cond);
 		}
@@ -270,12 +272,15 @@ static void batch_dispatch(struct tfab_context *ctx, struct tfab_event *ev, int 
 	}
 }
 
-int tfab__progress_locked(struct tfab_context *ctx)
+/* Progress, the whole; *quiet_p: whether it found nothing and left nothing to do. */
+static int progress_locked(struct tfab_context *ctx, bool *quiet_p)
 {
 	struct tfab_event ev[POLL_EVENTS];
 	bool fresh = tfab__list_empty(&ctx->done_reqs);
+	bool idle;
 	int total;
 
+	*quiet_p = false;
 	ctx->progress_gen++;
 	total = tfab__held_dispatch(ctx);
 	for (int round = 0; round < POLL_ROUNDS && !completed_here(ctx, fresh); round++) {
@@ -309,21 +314,56 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	 * reply to it (a send that its callback or its caller makes) goes first, and the
 	 * peer, which may be waiting for that reply, reads it first.
 	 */
-	tfab__peers_flush(ctx, true);
+	idle = tfab__peers_flush(ctx, true);
 	tfab__peers_check_liveness(ctx);
+	*quiet_p = idle && total == 0 && !ctx->nheld && tfab__list_empty(&ctx->writes_pending) &&
+		   tfab__list_empty(&ctx->staging) && !callbacks_due(ctx);
 	return total;
+}
+
+int tfab__progress_locked(struct tfab_context *ctx)
+{
+	bool quiet;
+
+	ctx->quiet = false; /* a caller that goes on under the lock may leave work */
+	return progress_locked(ctx, &quiet);
+}
+
+/*
+ * Whether a progress call now would only poll paths that have nothing for it (lock held):
+ * the last one left nothing to do (ctx->quiet), no deadline is due, and every path a peer
+ * took says it is quiet. An idle poll of the whole costs several hundred instructions per
+ * peer (the paths, the flush, the liveness checks); this, a few dozen.
+ */
+static bool progress_idle(struct tfab_context *ctx)
+{
+	if (!ctx->quiet || tfab__coarse_ms() >= ctx->next_liveness_ms)
+		return false;
+	for (unsigned p = 0; p < ctx->npaths; p++) {
+		if (ctx->paths[p].peers && !tfab_ep_quiet(ctx->paths[p].ep))
+			return false;
+	}
+	return true;
+}
+
+/* A progress call: the whole, unless it would find and do nothing. */
+static int progress_call(struct tfab_context *ctx)
+{
+	int rc;
+
+	pthread_mutex_lock(&ctx->lock);
+	if (progress_idle(ctx)) {
+		pthread_mutex_unlock(&ctx->lock);
+		return 0;
+	}
+	rc = progress_locked(ctx, &ctx->quiet);
+	tfab__ctx_unlock(ctx);
+	return rc;
 }
 
 int tfab_progress(struct tfab_context *ctx)
 {
-	int rc;
-
-	if (!ctx)
-		return -EINVAL;
-	tfab__ctx_lock(ctx);
-	rc = tfab__progress_locked(ctx);
-	tfab__ctx_unlock(ctx);
-	return rc;
+	return ctx ? progress_call(ctx) : -EINVAL;
 }
 
 static void *progress_main(void *arg)
@@ -333,13 +373,13 @@ static void *progress_main(void *arg)
 	for (;;) {
 		int n;
 
-		tfab__ctx_lock(ctx);
+		pthread_mutex_lock(&ctx->lock);
 		if (ctx->thread_stop) {
 			pthread_mutex_unlock(&ctx->lock);
 			return NULL;
 		}
-		n = tfab__progress_locked(ctx);
-		tfab__ctx_unlock(ctx);
+		pthread_mutex_unlock(&ctx->lock);
+		n = progress_call(ctx);
 		if (n <= 0) {
 			/* Idle: yield the core (CI machines have two). */
 			struct timespec ts = {0, 20000};

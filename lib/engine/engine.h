@@ -359,6 +359,12 @@ struct tfab_context {
 	size_t auth_key_len;
 	uint64_t inflight_limit; /* TFAB_PEER_MAX_INFLIGHT resolved: UINT64_MAX for none */
 	uint64_t progress_gen;	 /* progress calls so far */
+	/*
+	 * The last progress call found nothing and left nothing to do, and nobody has taken the
+	 * lock since (tfab__ctx_lock clears it): the next call needs only to see its paths quiet
+	 * (tfab_ep_quiet) and no deadline due, not to run the whole of progress (tfab_progress).
+	 */
+	bool quiet;
 	/* Every peer's meta-data cache entries, least recently used first; at most the bound. */
 	struct tfab_list meta_lru;
 	size_t meta_count;
@@ -475,7 +481,7 @@ int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
  * for receives this progress call completed wait for the next flush (progress's own: the
  * application's writes after its callbacks go first).
  */
-void tfab__peers_flush(struct tfab_context *ctx, bool hold_new);
+bool tfab__peers_flush(struct tfab_context *ctx, bool hold_new); /* nothing left waiting */
 void tfab__peers_check_liveness(struct tfab_context *ctx);
 /* Frees the peer, or, while writes of ours to it are in flight, what they do not use. */
 void tfab__peer_free(struct tfab_peer *peer);

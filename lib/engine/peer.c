@@ -878,9 +878,11 @@ static bool taken_waits(const struct tfab_peer *peer)
 	       tfab__now_ns() < peer->taken_due_ns;
 }
 
-void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
+bool tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 {
+	uint32_t batch = (uint32_t)slots_of(ctx) / 4;
 	struct tfab_list *l, *t;
+	bool idle = true;
 
 	tfab_list_for_each_safe(l, t, &ctx->peers)
 	{
@@ -893,7 +895,12 @@ void tfab__peers_flush(struct tfab_context *ctx, bool hold_new)
 		    !(hold_new && peer->taken_gen == ctx->progress_gen) && !taken_waits(peer))
 			peer_send_taken(peer);
 		peer_return_credits(peer);
+		/* what a later flush would still write (as peer_return_credits reckons) */
+		idle &= tfab__list_empty(&peer->pending) && !peer->ntaken &&
+			peer->nretired < TFAB_WIRE_MAX_TAKEN &&
+			peer->rx_unreturned < (batch ? batch : 1);
 	}
+	return idle;
 }
 
 void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status)

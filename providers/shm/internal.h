@@ -185,6 +185,8 @@ void tfab_shm_conn_release(struct tfab_shm_ep *ep, struct tfab_shm_conn *c);
 
 /* rx.c: the target's side. */
 int tfab_shm_rx_poll(struct tfab_shm_ep *ep, struct tfab_event *ev, int max);
+/* Whether rx_poll would find nothing and change nothing: every writer's ring empty. */
+bool tfab_shm_rx_quiet(struct tfab_shm_ep *ep);
 void tfab_shm_rx_reap(struct tfab_shm_ep *ep);
 
 #endif

@@ -159,6 +159,28 @@ void tfab_shm_rx_reap(struct tfab_shm_ep *ep)
 	}
 }
 
+bool tfab_shm_rx_quiet(struct tfab_shm_ep *ep)
+{
+	for (unsigned w = 0; w < TFAB_SHM_SLOTS / 64; w++) {
+		uint64_t bits = atomic_load_explicit(&ep->ctrl->active[w], memory_order_acquire);
+
+		while (bits) {
+			unsigned i = w * 64 + (unsigned)__builtin_ctzll(bits);
+			struct tfab_shm_slot *s = &ep->ctrl->slots[i];
+
+			bits &= bits - 1;
+			/* rx_slot would start a writer up, or free a closing one's slot */
+			if (atomic_load_explicit(&s->state, memory_order_acquire) !=
+				TFAB_SHM_SLOT_ACTIVE ||
+			    !ep->rx[i].live ||
+			    tfab_shm_ring_peek(&s->ring, atomic_load_explicit(
+							     &s->ring.tail, memory_order_relaxed)))
+				return false;
+		}
+	}
+	return true;
+}
+
 int tfab_shm_rx_poll(struct tfab_shm_ep *ep, struct tfab_event *ev, int max)
 {
 	int n = 0;

@@ -517,6 +517,24 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 	return n;
 }
 
+/*
+ * What tfab_shm_poll would report, read without doing it (tfab_ep_quiet). The reaping of
+ * dead writers' slots (every TFAB_SHM_RX_CHECK_NS) waits for the next full poll, which the
+ * engine's liveness checks make at least every 50 ms.
+ */
+static bool tfab_shm_quiet(struct tfab_ep *base)
+{
+	struct tfab_shm_ep *ep = shm_ep(base);
+
+	if (ep->failed)
+		return false;
+	for (const struct tfab_shm_conn *c = ep->conns; c; c = c->next) {
+		if (conn_busy(c)) /* tx_poll's only work: a write to land, or its ack */
+			return false;
+	}
+	return tfab_shm_rx_quiet(ep);
+}
+
 int tfab_shm_get_stats(struct tfab_ep *base, struct tfab_shm_stats *stats_p)
 {
 	struct tfab_shm_ep *ep;
@@ -547,6 +565,7 @@ const struct tfab_provider_ops tfab_shm_ops = {
     .mr_dereg = tfab_shm_mr_dereg,
     .write_imm = tfab_shm_write_imm,
     .poll = tfab_shm_poll,
+    .quiet = tfab_shm_quiet,
     .mem_alloc = tfab_shm_mem_alloc,
     .mem_free = tfab_shm_mem_free,
     .explain = tfab_shm_explain,
