@@ -13,30 +13,28 @@
 
 #include <tfab/tfab.h>
 
-static int pair(struct tfab_context *a, struct tfab_context *b, struct tfab_peer **pa_p,
-		struct tfab_peer **pb_p)
+/* Contexts c[0] and c[1], each with a peer p[i] connected to the other's through their blobs. */
+static int pair(struct tfab_context *c[2], struct tfab_peer *p[2])
 {
-	unsigned char blob_a[1024], blob_b[1024];
-	size_t la = sizeof(blob_a), lb = sizeof(blob_b);
-	int rc = tfab_peer_create(a, pa_p);
+	unsigned char blob[2][1024];
+	size_t len[2] = {sizeof(blob[0]), sizeof(blob[1])};
+	int rc = 0;
 
-	if (rc == 0)
-		rc = tfab_peer_create(b, pb_p);
-	if (rc == 0)
-		rc = tfab_peer_blob(*pa_p, blob_a, &la);
-	if (rc == 0)
-		rc = tfab_peer_blob(*pb_p, blob_b, &lb);
-	if (rc == 0)
-		rc = tfab_peer_connect(*pa_p, blob_b, lb);
-	if (rc == 0)
-		rc = tfab_peer_connect(*pb_p, blob_a, la);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_context_create(&c[i]);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_peer_create(c[i], &p[i]);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_peer_blob(p[i], blob[i], &len[i]);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_peer_connect(p[i], blob[1 - i], len[1 - i]);
 	return rc;
 }
 
 int main(int argc, char **argv)
 {
-	struct tfab_context *a = NULL, *b = NULL;
-	struct tfab_peer *pa = NULL, *pb = NULL;
+	struct tfab_context *c[2] = {NULL, NULL};
+	struct tfab_peer *p[2] = {NULL, NULL};
 	long calls = argc > 1 ? atol(argv[1]) : 1000000;
 	struct timespec t0, t1;
 	int rc;
@@ -46,30 +44,26 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	setenv("TFAB_PROVIDER", "shm", 0);
-	rc = tfab_context_create(&a);
-	if (rc == 0)
-		rc = tfab_context_create(&b);
-	if (rc == 0)
-		rc = pair(a, b, &pa, &pb);
+	rc = pair(c, p);
 	if (rc) {
 		fprintf(stderr, "progress-idle: %s\n", tfab_strerror(rc));
 		return 1;
 	}
 	for (int i = 0; i < 1000; i++) { /* the connection's own traffic settles */
-		tfab_progress(a);
-		tfab_progress(b);
+		tfab_progress(c[0]);
+		tfab_progress(c[1]);
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (long i = 0; i < calls; i++)
-		tfab_progress(a);
+		tfab_progress(c[0]);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	printf("{\"test\":\"progress_idle\",\"path\":\"%s\",\"calls\":%ld,\"ns_per_call\":%.1f}\n",
-	       tfab_peer_path(pa), calls,
+	       tfab_peer_path(p[0]), calls,
 	       ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) /
 		   (double)calls);
-	tfab_peer_destroy(pa);
-	tfab_peer_destroy(pb);
-	tfab_context_destroy(a);
-	tfab_context_destroy(b);
+	for (int i = 0; i < 2; i++) {
+		tfab_peer_destroy(p[i]);
+		tfab_context_destroy(c[i]);
+	}
 	return 0;
 }
