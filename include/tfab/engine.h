@@ -238,6 +238,11 @@ struct tfab_stats {
 	 */
 	uint64_t coll_bytes_wire;
 	uint64_t coll_bytes_logical;
+	/*
+	 * GPU tensors' host proxies (pool blocks) pinned for their copies to and from the GPU:
+	 * each block once, kept pinned while the pool keeps it.
+	 */
+	uint64_t gpu_pins;
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

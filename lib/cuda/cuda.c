@@ -30,10 +30,15 @@
 
 #define SUBSYS "cuda"
 
+/* Events of finished copies kept for the next ones: creating one costs a driver call. */
+#define SPARE_EVENTS 64
+
 struct tfab_cuda {
 	bool emulate;
 #ifdef TFAB_HAVE_CUDA
 	cudaStream_t stream;
+	cudaEvent_t spare[SPARE_EVENTS];
+	unsigned nspare;
 #endif
 };
 
@@ -59,7 +64,10 @@ const char *tfab__cuda_absent_reason(void)
 	X(cudaEventRecord)           \
 	X(cudaEventQuery)            \
 	X(cudaEventDestroy)          \
-	X(cudaMemcpyAsync)
+	X(cudaMemcpyAsync)           \
+	X(cudaHostRegister)          \
+	X(cudaHostUnregister)        \
+	X(cudaGetLastError)
 
 #define CUDART_STR_(x) #x
 #define CUDART_STR(x) CUDART_STR_(x)
@@ -198,8 +206,11 @@ void tfab__cuda_close(struct tfab_cuda *cu)
 	if (!cu)
 		return;
 #ifdef TFAB_HAVE_CUDA
-	if (!cu->emulate)
+	if (!cu->emulate) {
+		while (cu->nspare)
+			rt.cudaEventDestroy(cu->spare[--cu->nspare]);
 		rt.cudaStreamDestroy(cu->stream);
+	}
 #endif
 	free(cu);
 }
@@ -210,7 +221,57 @@ static int cuda_status(cudaError_t e, const char *what)
 	TFAB_ERROR(SUBSYS, "%s: %s", what, rt.cudaGetErrorString(e));
 	return -EIO;
 }
+
+/* A finished copy's event goes back to the spares, or is destroyed when they are full. */
+static void event_put(struct tfab_cuda *cu, cudaEvent_t ev)
+{
+	if (cu->nspare < SPARE_EVENTS)
+		cu->spare[cu->nspare++] = ev;
+	else
+		rt.cudaEventDestroy(ev);
+}
 #endif
+
+int tfab__cuda_pin(struct tfab_cuda *cu, void *buf, size_t n)
+{
+	if (cu->emulate)
+		return 0;
+#ifdef TFAB_HAVE_CUDA
+	/* Portable: pinned for every device's context, wherever the tensor is. */
+	cudaError_t e = rt.cudaHostRegister(buf, n, cudaHostRegisterPortable);
+
+	if (e != cudaSuccess) {
+		/*
+		 * Cleared, or the application's next cudaGetLastError (PyTorch's check after
+		 * each kernel launch) would take it for its own.
+		 */
+		rt.cudaGetLastError();
+		TFAB_WARN(SUBSYS, "cudaHostRegister of %zu bytes: %s; copies through it are slower",
+			  n, rt.cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+#else
+	(void)buf, (void)n;
+	return -EOPNOTSUPP;
+#endif
+}
+
+void tfab__cuda_unpin(struct tfab_cuda *cu, void *buf)
+{
+	if (cu->emulate)
+		return;
+#ifdef TFAB_HAVE_CUDA
+	cudaError_t e = rt.cudaHostUnregister(buf);
+
+	if (e != cudaSuccess) {
+		rt.cudaGetLastError(); /* as in tfab__cuda_pin */
+		TFAB_WARN(SUBSYS, "cudaHostUnregister: %s", rt.cudaGetErrorString(e));
+	}
+#else
+	(void)buf;
+#endif
+}
 
 int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size_t n,
 			  bool to_device, void **ev_p)
@@ -226,8 +287,12 @@ int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size
 	}
 #ifdef TFAB_HAVE_CUDA
 	cudaEvent_t ev;
-	cudaError_t e = rt.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+	cudaError_t e = cudaSuccess;
 
+	if (cu->nspare)
+		ev = cu->spare[--cu->nspare];
+	else
+		e = rt.cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
 	if (e != cudaSuccess)
 		return cuda_status(e, "cudaEventCreateWithFlags");
 	(void)to_device; /* unified addressing tells the direction */
@@ -235,7 +300,7 @@ int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size
 	if (e == cudaSuccess)
 		e = rt.cudaEventRecord(ev, cu->stream);
 	if (e != cudaSuccess) {
-		rt.cudaEventDestroy(ev);
+		event_put(cu, ev); /* recorded on nothing, or on no copy that could fail */
 		return cuda_status(e, "cudaMemcpyAsync");
 	}
 	*ev_p = ev;
@@ -262,8 +327,12 @@ int tfab__cuda_copy_test(struct tfab_cuda *cu, void *ev)
 
 	if (e == cudaErrorNotReady)
 		return 0;
-	rt.cudaEventDestroy((cudaEvent_t)ev);
-	return e == cudaSuccess ? 1 : cuda_status(e, "a copy between GPU and host");
+	if (e == cudaSuccess) {
+		event_put(cu, (cudaEvent_t)ev);
+		return 1;
+	}
+	rt.cudaEventDestroy((cudaEvent_t)ev); /* not reused after an error */
+	return cuda_status(e, "a copy between GPU and host");
 #else
 	(void)ev;
 	return -EOPNOTSUPP;

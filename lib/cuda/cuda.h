@@ -32,6 +32,16 @@ void tfab__cuda_close(struct tfab_cuda *cu);
  */
 const char *tfab__cuda_absent_reason(void);
 
+/*
+ * Pin [buf, buf + n) for copies (cudaHostRegister): a copy from or to pageable host memory
+ * goes through the driver's own bounce buffer, synchronously and at a fraction of the bus's
+ * speed; one to pinned memory is a DMA that runs while the caller goes on. Pinning costs a
+ * page walk, so it is made once per pool block and kept with it. 0, or a negative status
+ * (the memory stays usable, unpinned). Emulated: nothing to pin, 0.
+ */
+int tfab__cuda_pin(struct tfab_cuda *cu, void *buf, size_t n);
+void tfab__cuda_unpin(struct tfab_cuda *cu, void *buf);
+
 /* Start copying n bytes, to the device or from it; *ev_p gets the copy to test. */
 int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size_t n,
 			  bool to_device, void **ev_p);

@@ -700,6 +700,7 @@ int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p)
 	}
 	tfab__pool_get_stats(ctx->pool, &ps);
 	stats_p->mr_registrations += ps.registrations;
+	stats_p->gpu_pins = ps.pins;
 	tfab__ctx_unlock(ctx);
 	return 0;
 }

@@ -22,6 +22,7 @@
 
 #include <tfab/status.h>
 
+#include "cuda/cuda.h"
 #include "engine/pool.h"
 #include "util/log.h"
 
@@ -37,6 +38,8 @@ struct pool_block {
 	int cls;
 	bool out;			    /* handed out; else on its free list */
 	bool shared;			    /* from the mem_alloc endpoint, else from the heap */
+	bool pinned;			    /* for GPU copies, by the pool's copier */
+	bool pin_tried;			    /* pinning was asked for (and failed, unless pinned) */
 	struct tfab_mr *mr[TFAB_MAX_PATHS]; /* per endpoint, NULL until used there */
 	struct pool_block *next;	    /* free list, or trim's victims */
 	struct pool_block *hnext;	    /* hash */
@@ -48,6 +51,7 @@ struct tfab_pool {
 	struct tfab_ep *mem_ep; /* where blocks come from, or NULL for the heap */
 	size_t max_cached;
 	size_t align;
+	struct tfab_cuda *cuda; /* the copier that pinned blocks, once one was pinned */
 
 	pthread_mutex_t lock; /* everything below */
 	struct pool_block *free_list[POOL_NCLASSES];
@@ -148,6 +152,8 @@ static void block_release(struct tfab_pool *p, struct pool_block *b)
 			TFAB_WARN(SUBSYS, "deregistering a %zu-byte block: %s", b->size,
 				  tfab_strerror(rc));
 	}
+	if (b->pinned)
+		tfab__cuda_unpin(p->cuda, b->buf);
 	if (b->shared)
 		p->mem_ep->ops->mem_free(p->mem_ep, b->buf, b->size);
 	else
@@ -432,4 +438,26 @@ int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr 
 		return -EINVAL;
 	pthread_mutex_unlock(&p->lock);
 	return block_mr(p, b, path, mr_p);
+}
+
+void tfab__pool_pin(struct tfab_pool *p, void *buf, struct tfab_cuda *cu)
+{
+	struct pool_block *b;
+	bool tried;
+
+	if (!p || !buf || !cu || !(b = lock_block_out(p, buf, "pinned")))
+		return;
+	tried = b->pin_tried;
+	b->pin_tried = true;
+	pthread_mutex_unlock(&p->lock);
+	if (tried)
+		return;
+	/* Out of the mutex: pinning walks the pages. The engine lock keeps b ours. */
+	if (tfab__cuda_pin(cu, b->buf, b->size) != 0)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->cuda = cu;
+	b->pinned = true;
+	p->st.pins++;
+	pthread_mutex_unlock(&p->lock);
 }

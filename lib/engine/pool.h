@@ -16,6 +16,7 @@
 
 #include "providers/provider.h"
 
+struct tfab_cuda;
 struct tfab_pool;
 
 struct tfab_pool_stats {
@@ -25,6 +26,7 @@ struct tfab_pool_stats {
 	uint64_t blocks_out;	    /* handed out and not yet freed */
 	uint64_t bytes_cached;	    /* in free blocks, still registered */
 	uint64_t bytes_quarantined; /* discarded: kept, never reused, until the pool ends */
+	uint64_t pins;		    /* blocks pinned for GPU copies (tfab__pool_pin) */
 };
 
 /*
@@ -48,6 +50,14 @@ int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_
 
 /* A handed-out block's registration on endpoint `path`, made there at its first use. */
 int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr **mr_p);
+
+/*
+ * Pin a handed-out block for copies between it and a GPU (a proxy of a GPU tensor), at its
+ * first such use; it stays pinned, free or out, until it is released. cu is the context's
+ * copier, the same for every call. Where pinning fails the block serves unpinned, and it is
+ * not tried again. Engine lock held.
+ */
+void tfab__pool_pin(struct tfab_pool *p, void *buf, struct tfab_cuda *cu);
 
 /* Return a block from tfab__pool_alloc. Any thread; does not deregister. */
 void tfab__pool_free(struct tfab_pool *p, void *buf);

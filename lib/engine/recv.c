@@ -292,8 +292,10 @@ static int dest_prepare(struct tfab_request *r)
 		if (tfab__on_gpu(r->user_dest)) {
 			/* Through a registered host proxy, copied to the GPU when it is full. */
 			rc = pool_dest(r, n);
-			if (rc == 0)
+			if (rc == 0) {
 				r->gpu_dest = data;
+				tfab__pool_pin(ctx->pool, r->dest, ctx->cuda);
+			}
 			return rc;
 		}
 		rc = tfab__mr_cache_get(r->peer->path->mr_cache, data, um.nbytes,

@@ -313,6 +313,7 @@ static int stage_start(struct tfab_context *ctx, struct tfab_send *s)
 		rc = tfab__pool_alloc(ctx->pool, s->resp.peer->path->index, n, &s->proxy, &s->mr);
 		if (rc)
 			return rc;
+		tfab__pool_pin(ctx->pool, s->proxy, ctx->cuda);
 	}
 	s->nchunks = (uint32_t)((n + chunk - 1) / chunk);
 	s->posted = 0;

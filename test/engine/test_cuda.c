@@ -265,11 +265,35 @@ static int sc_gpu_to_cpu(struct mp *mp)
 	return transfer(mp, true, 1, 400);
 }
 
+/*
+ * The host proxies are pinned for their GPU copies once, when the pool first hands a block
+ * out for one, and stay pinned while the pool keeps them: GPU to GPU twice, the second pass
+ * (the same sizes, so the same blocks) pins nothing more. CPU ends pin nothing.
+ */
+static int sc_pinned_once(struct mp *mp)
+{
+	struct tfab_stats s0, s1, s2;
+
+	CHECK_RC(tfab_get_stats(mp->ctx, &s0), 0);
+	CHECK_RC(transfer(mp, true, 2, 500), 0);
+	CHECK_RC(tfab_get_stats(mp->ctx, &s1), 0);
+	CHECK_RC(transfer(mp, true, 2, 600), 0);
+	CHECK_RC(transfer(mp, false, 1, 700), 0); /* CPU to CPU: no proxy */
+	CHECK_RC(tfab_get_stats(mp->ctx, &s2), 0);
+	printf("rank %d: %llu proxies pinned in the first pass, %llu after\n", mp->rank,
+	       (unsigned long long)(s1.gpu_pins - s0.gpu_pins),
+	       (unsigned long long)(s2.gpu_pins - s1.gpu_pins));
+	CHECK(s1.gpu_pins > s0.gpu_pins);
+	CHECK(s2.gpu_pins == s1.gpu_pins);
+	return 0;
+}
+
 static const struct mp_scenario scenarios[] = {
     {.name = "gpu_to_gpu", .nranks = 2, .fn = sc_gpu_to_gpu},
     {.name = "gpu_to_pool", .nranks = 2, .fn = sc_gpu_to_pool},
     {.name = "cpu_to_gpu", .nranks = 2, .fn = sc_cpu_to_gpu},
     {.name = "gpu_to_cpu", .nranks = 2, .fn = sc_gpu_to_cpu},
+    {.name = "pinned_once", .nranks = 2, .fn = sc_pinned_once},
 };
 
 /* No GPU and no emulation: a CUDA tensor is refused at the call, with the reason logged. */
