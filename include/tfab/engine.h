@@ -239,8 +239,10 @@ struct tfab_stats {
 	uint64_t coll_bytes_wire;
 	uint64_t coll_bytes_logical;
 	/*
-	 * GPU tensors' host proxies (pool blocks) pinned for their copies to and from the GPU:
-	 * each block once, kept pinned while the pool keeps it.
+	 * Pinnings of GPU tensors' host proxies (pool blocks) for their copies to and from the
+	 * GPU: a block's once while the pool keeps it (one released and allocated again counts
+	 * again; under TFAB_CUDA_EMULATE=1 they are counted, not made). Blocks larger than
+	 * TFAB_POOL_CACHE are not pinned.
 	 */
 	uint64_t gpu_pins;
 };

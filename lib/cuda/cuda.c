@@ -67,7 +67,8 @@ const char *tfab__cuda_absent_reason(void)
 	X(cudaMemcpyAsync)           \
 	X(cudaHostRegister)          \
 	X(cudaHostUnregister)        \
-	X(cudaGetLastError)
+	X(cudaGetLastError)          \
+	X(cudaStreamSynchronize)
 
 #define CUDART_STR_(x) #x
 #define CUDART_STR(x) CUDART_STR_(x)
@@ -300,8 +301,14 @@ int tfab__cuda_copy_start(struct tfab_cuda *cu, void *dst, const void *src, size
 	if (e == cudaSuccess)
 		e = rt.cudaEventRecord(ev, cu->stream);
 	if (e != cudaSuccess) {
+		/*
+		 * The copy may be queued (the record failed): the caller takes it for never
+		 * started and may free or unpin its memory, so it ends first.
+		 */
+		rt.cudaStreamSynchronize(cu->stream);
+		rt.cudaGetLastError();
 		event_put(cu, ev); /* recorded on nothing, or on no copy that could fail */
-		return cuda_status(e, "cudaMemcpyAsync");
+		return cuda_status(e, "cudaMemcpyAsync or cudaEventRecord");
 	}
 	*ev_p = ev;
 	return 0;

@@ -447,7 +447,11 @@ void tfab__pool_pin(struct tfab_pool *p, void *buf, struct tfab_cuda *cu)
 
 	if (!p || !buf || !cu || !(b = lock_block_out(p, buf, "pinned")))
 		return;
-	tried = b->pin_tried;
+	/*
+	 * A block larger than the cache keeps is released when it comes back: pinning it would
+	 * cost a page walk (and one back) for every tensor, more than the pageable copy loses.
+	 */
+	tried = b->pin_tried || b->size > p->max_cached;
 	b->pin_tried = true;
 	pthread_mutex_unlock(&p->lock);
 	if (tried)

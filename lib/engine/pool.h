@@ -26,7 +26,7 @@ struct tfab_pool_stats {
 	uint64_t blocks_out;	    /* handed out and not yet freed */
 	uint64_t bytes_cached;	    /* in free blocks, still registered */
 	uint64_t bytes_quarantined; /* discarded: kept, never reused, until the pool ends */
-	uint64_t pins;		    /* blocks pinned for GPU copies (tfab__pool_pin) */
+	uint64_t pins; /* pinnings for GPU copies (tfab__pool_pin), each block's once */
 };
 
 /*
@@ -55,7 +55,8 @@ int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr 
  * Pin a handed-out block for copies between it and a GPU (a proxy of a GPU tensor), at its
  * first such use; it stays pinned, free or out, until it is released. cu is the context's
  * copier, the same for every call. Where pinning fails the block serves unpinned, and it is
- * not tried again. Engine lock held.
+ * not tried again; a block larger than the cache's bound (released when it comes back) is
+ * not pinned. Engine lock held.
  */
 void tfab__pool_pin(struct tfab_pool *p, void *buf, struct tfab_cuda *cu);
 

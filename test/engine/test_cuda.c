@@ -284,7 +284,15 @@ static int sc_pinned_once(struct mp *mp)
 	       (unsigned long long)(s1.gpu_pins - s0.gpu_pins),
 	       (unsigned long long)(s2.gpu_pins - s1.gpu_pins));
 	CHECK(s1.gpu_pins > s0.gpu_pins);
-	CHECK(s2.gpu_pins == s1.gpu_pins);
+	/* The second pass reuses the first's blocks where the pool keeps them: 64 MiB twice. */
+	if (getenv("TFAB_POOL_CACHE") &&
+	    strtoull(getenv("TFAB_POOL_CACHE"), NULL, 0) < (128u << 20))
+		printf(
+		    "rank %d: TFAB_POOL_CACHE is under 128 MiB: the 64 MiB proxy may be released "
+		    "and pinned again; the second pass is not checked\n",
+		    mp->rank);
+	else
+		CHECK(s2.gpu_pins == s1.gpu_pins);
 	return 0;
 }
 
