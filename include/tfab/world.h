@@ -75,7 +75,10 @@ TFAB_EXPORT int tfab_world_leave(struct tfab_world *w);
  * with the same dtype, count and options (the order numbers them). A rank that fails, dies or
  * stops makes the collective fail on the others too: with its status where it can tell them,
  * -TFAB_ERR_PEER_FAILED for a failure passed on by a neighbour, within TFAB_OP_TIMEOUT_MS at
- * worst. Tensors are compact, on the CPU. A call that returns an error never calls cb.
+ * worst. Tensors are compact, on the CPU or a CUDA GPU: a GPU tensor goes through a pinned host
+ * proxy (its input copied there at the call, its result copied back before cb; the copies
+ * follow the work queued on the legacy default stream, other streams are the caller's to
+ * synchronize). A call that returns an error never calls cb.
  */
 typedef void (*tfab_coll_cb)(void *arg, int status);
 

@@ -842,7 +842,8 @@ static void coll_start(struct tfab_coll *c)
 	pthread_mutex_unlock(&w->coll_lock);
 }
 
-/* A CPU tensor's bytes and where they are; -EINVAL for anything else. */
+/* A CPU tensor's bytes and where they are; -EINVAL for anything else (coll_gpu.c gives GPU
+ * tensors' host views). */
 static int tensor_bytes(const DLTensor *t, uint8_t **data_p, size_t *nbytes_p)
 {
 	struct tfab_wire_meta m;
@@ -1143,8 +1144,8 @@ enum tfab_coll_algo tfab__coll_algo(const struct tfab_world *w, size_t nbytes, s
 	return nbytes > w->small && count >= (size_t)w->size ? TFAB_ALGO_RING : TFAB_ALGO_DIRECT;
 }
 
-int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
-		   const struct tfab_coll_opts *opts, tfab_coll_cb cb, void *arg)
+static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
+			  const struct tfab_coll_opts *opts, tfab_coll_cb cb, void *arg)
 {
 	struct tfab_coll_opts o = opts ? *opts : (struct tfab_coll_opts){0};
 	enum tfab_rtype rt;
@@ -1172,7 +1173,7 @@ int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum
 		rc = -EINVAL;
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "allreduce: a bad argument (tensors of one supported dtype "
-				   "and size on the CPU, a known operation and algorithm; "
+				   "and size on the CPU or a GPU, a known operation and algorithm; "
 				   "compression of fp32 sums and averages on the ring only)");
 		return rc;
 	}
@@ -1217,6 +1218,15 @@ int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum
 	return 0;
 }
 
+int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
+		   const struct tfab_coll_opts *opts, tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+
+	return rc ? rc : tfab__coll_gpu_started(g, allreduce_host(w, in, out, op, opts, cb, arg));
+}
+
 int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg)
 {
 	struct tfab_coll *c;
@@ -1238,7 +1248,7 @@ int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg)
 	return 0;
 }
 
-int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb, void *arg)
+static int broadcast_host(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb, void *arg)
 {
 	struct tfab_coll *c;
 	uint8_t *b;
@@ -1253,7 +1263,8 @@ int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb,
 	if (rc == 0 && (root < 0 || root >= w->size))
 		rc = -EINVAL;
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "broadcast: a bad argument (a CPU tensor, a root in the world)");
+		TFAB_ERROR(SUBSYS,
+			   "broadcast: a bad argument (a CPU or GPU tensor, a root in the world)");
 		return rc;
 	}
 	N = w->size;
@@ -1300,6 +1311,15 @@ int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb,
 	return 0;
 }
 
+int tfab_broadcast(struct tfab_world *w, DLTensor *t, int root, tfab_coll_cb cb, void *arg)
+{
+	const DLTensor *in = t;
+	struct tfab_coll_gpu *g;
+	int rc = tfab__coll_gpu_open(w, &in, &t, &cb, &arg, &g);
+
+	return rc ? rc : tfab__coll_gpu_started(g, broadcast_host(w, t, root, cb, arg));
+}
+
 /*
  * A ring collective over parts of part_bytes, in pieces (*P_p of them): a send and a receive
  * per piece and step, N-1 steps.
@@ -1324,8 +1344,8 @@ static struct tfab_coll *ring_new(struct tfab_world *w, const char *what, size_t
  * rank - s (its own from in at s = 0, then what A[s-1] received), A[s] receives part
  * rank - s - 1 into out.
  */
-int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab_coll_cb cb,
-		   void *arg)
+static int allgather_host(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab_coll_cb cb,
+			  void *arg)
 {
 	struct tfab_coll *c;
 	uint8_t *ib, *ob;
@@ -1339,8 +1359,9 @@ int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab
 	if (rc == 0 && onb != inb * (size_t)w->size)
 		rc = -EINVAL;
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "allgather: a bad argument (CPU tensors, out of size times "
-				   "in's bytes)");
+		TFAB_ERROR(SUBSYS,
+			   "allgather: a bad argument (CPU or GPU tensors, out of size times "
+			   "in's bytes)");
 		return rc;
 	}
 	N = w->size;
@@ -1378,8 +1399,17 @@ int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab
  * tensor R[s-1] accumulated), R[s] receives part rank - s - 2 and accumulates this rank's
  * into it; at the last step that part is this rank's own, reduced into out.
  */
-int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
-			tfab_coll_cb cb, void *arg)
+int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTensor *out, tfab_coll_cb cb,
+		   void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+
+	return rc ? rc : tfab__coll_gpu_started(g, allgather_host(w, in, out, cb, arg));
+}
+
+static int reduce_scatter_host(struct tfab_world *w, const DLTensor *in, DLTensor *out,
+			       enum tfab_op op, tfab_coll_cb cb, void *arg)
 {
 	enum tfab_rtype rt;
 	struct tfab_coll *c;
@@ -1399,8 +1429,9 @@ int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 	if (rc == 0 && (unsigned)op > TFAB_OP_MAX)
 		rc = -EINVAL;
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "reduce_scatter: a bad argument (tensors of one supported dtype "
-				   "on the CPU, in of size times out's bytes, a known operation)");
+		TFAB_ERROR(SUBSYS,
+			   "reduce_scatter: a bad argument (tensors of one supported dtype "
+			   "on the CPU or a GPU, in of size times out's bytes, a known operation)");
 		return rc;
 	}
 	N = w->size;
@@ -1440,6 +1471,15 @@ int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 	}
 	coll_start(c);
 	return 0;
+}
+
+int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
+			tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+
+	return rc ? rc : tfab__coll_gpu_started(g, reduce_scatter_host(w, in, out, op, cb, arg));
 }
 
 /* The engine's hooks (tfab_coll_hooks): under the context's lock, then coll_lock. */

@@ -58,4 +58,17 @@ void tfab__coll_joined(struct tfab_world *w);
 /* -EBUSY while collectives are in flight (nothing done); else frees what they kept. */
 int tfab__coll_fini(struct tfab_world *w);
 
+/* coll_gpu.c: GPU operands of a collective, through host proxies. */
+struct tfab_coll_gpu;
+/*
+ * Where *in_p or *out_p (either may be NULL, or both the same tensor, read and written) is a
+ * GPU tensor: it is replaced by a host view of a pinned pool block (in's content copied there
+ * now), and *cb_p, *arg_p by a callback that copies out's result to the GPU before it calls
+ * the caller's. *g_p: NULL where no operand is on a GPU (nothing changed).
+ */
+int tfab__coll_gpu_open(struct tfab_world *w, const DLTensor **in_p, DLTensor **out_p,
+			tfab_coll_cb *cb_p, void **arg_p, struct tfab_coll_gpu **g_p);
+/* The collective's start returned rc: a failure frees g (its callback never runs). rc. */
+int tfab__coll_gpu_started(struct tfab_coll_gpu *g, int rc);
+
 #endif

@@ -31,6 +31,10 @@
 
 #include "ranks.h"
 
+#ifdef TFAB_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #define WAIT_MS 60000
 
 enum kind { K_F32, K_F64, K_F16, K_BF16, K_I32, K_I64 };
@@ -822,6 +826,197 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	return bad;
 }
 
+/*
+ * "Device" memory for the GPU case: cudaMalloc'd on a GPU, or host memory standing in for it
+ * under TFAB_CUDA_EMULATE=1 (the engine then takes it as such).
+ */
+static bool gpu_emulated;
+
+static void *dev_alloc(size_t n)
+{
+	void *p = NULL;
+
+	if (gpu_emulated)
+		return calloc(n ? n : 1, 1);
+#ifdef TFAB_HAVE_CUDA
+	if (cudaMalloc(&p, n ? n : 1) != cudaSuccess || cudaMemset(p, 0, n ? n : 1) != cudaSuccess)
+		return NULL;
+#endif
+	return p;
+}
+
+static void dev_copy(void *dst, const void *src, size_t n, bool to_dev)
+{
+	if (gpu_emulated) {
+		memcpy(dst, src, n);
+		return;
+	}
+#ifdef TFAB_HAVE_CUDA
+	if (cudaMemcpy(dst, src, n, to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) !=
+	    cudaSuccess)
+		memset(to_dev ? (void *)src : dst, 0xee, n); /* the check fails, not the test */
+#else
+	(void)to_dev;
+#endif
+}
+
+static void dev_free(void *p)
+{
+	if (gpu_emulated)
+		free(p);
+#ifdef TFAB_HAVE_CUDA
+	else
+		cudaFree(p);
+#endif
+}
+
+static DLTensor gpu_tensor_of(const struct dtype *d, void *data, int64_t *shape)
+{
+	DLTensor t = tensor_of(d, data, shape);
+
+	t.device = (DLDevice){kDLCUDA, 0};
+	return t;
+}
+
+/* Start a collective (a call of one of them) and wait for it: its status, or 1 (said). */
+#define RUN(w, what, call, j) ((call) || wait_all(w, what) ? 1 : (j).status)
+
+/*
+ * GPU tensors (kDLCUDA) in every collective, through host proxies (coll_gpu.c): int32
+ * allreduce on both algorithms, in place and not, a broadcast, an allgather and a
+ * reduce-scatter, each result copied back and checked; the proxies' copies are counted in
+ * bytes_copied.
+ */
+static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
+{
+	static const size_t counts[] = {5, 70001}; /* direct (eager), ring in pieces */
+	const struct dtype *d = &DTYPES[4];	   /* int32: exact in any order */
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, st;
+	struct tfab_stats s0, s1;
+	atomic_int order = 0;
+
+	(void)arg;
+	tfab_get_stats(ctx, &s0);
+	for (size_t ci = 0; ci < 2; ci++) {
+		for (int in_place = 0; in_place < 2; in_place++) {
+			size_t m = counts[ci];
+			int64_t shape = (int64_t)m;
+			int32_t *h = malloc(m * 4), *want = malloc(m * 4);
+			void *din = dev_alloc(m * 4), *dout = in_place ? din : dev_alloc(m * 4);
+			DLTensor tin = gpu_tensor_of(d, din, &shape),
+				 tout = gpu_tensor_of(d, dout, &shape);
+			struct job j = {1, -1, &order};
+			char what[64];
+
+			if (!h || !want || !din || !dout)
+				return 1;
+			fill(d, h, rank, 0, m);
+			dev_copy(din, h, m * 4, true);
+			for (size_t i = 0; i < m; i++)
+				reduce_one(d, TFAB_OP_SUM, n, 0, i, want, i);
+			snprintf(what, sizeof(what), "GPU allreduce of %zu%s", m,
+				 in_place ? " in place" : "");
+			st = RUN(w, what,
+				 tfab_allreduce(w, &tin, &tout, TFAB_OP_SUM, NULL, on_done, &j), j);
+			if (st) {
+				printf("rank %d: %s: %s\n", rank, what, tfab_strerror(st));
+				bad = 1;
+			} else {
+				dev_copy(h, dout, m * 4, false);
+				bad |= compare(rank, what, h, want, m, 4);
+			}
+			if (!in_place)
+				dev_free(dout);
+			dev_free(din);
+			free(h);
+			free(want);
+		}
+	}
+	{ /* broadcast of 300,001 bytes from the last rank */
+		const struct dtype u8 = {"uint8", K_I32, {kDLUInt, 8, 1}, 1};
+		size_t nb = 300001;
+		int64_t shape = (int64_t)nb;
+		uint8_t *h = malloc(nb), *db = dev_alloc(nb);
+		DLTensor t = gpu_tensor_of(&u8, db, &shape);
+		struct job j = {1, -1, &order};
+		int root = n - 1;
+
+		if (!h || !db)
+			return 1;
+		for (size_t i = 0; i < nb; i++)
+			h[i] = byte_of(root, i);
+		if (rank == root)
+			dev_copy(db, h, nb, true);
+		st = RUN(w, "GPU broadcast", tfab_broadcast(w, &t, root, on_done, &j), j);
+		if (st) {
+			printf("rank %d: GPU broadcast: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else {
+			uint8_t *got = malloc(nb);
+
+			dev_copy(got, db, nb, false);
+			bad |= compare(rank, "GPU broadcast", got, h, nb, 1);
+			free(got);
+		}
+		dev_free(db);
+		free(h);
+	}
+	{ /* allgather of 1,000 and reduce-scatter of 777 a rank */
+		size_t m = 1000, p = 777;
+		int64_t sm = (int64_t)m, sall = (int64_t)m * n, sp = (int64_t)p,
+			spall = (int64_t)p * n;
+		int32_t *h = malloc(m * (size_t)n * 4), *want = malloc(m * (size_t)n * 4);
+		void *din = dev_alloc(m * 4), *dout = dev_alloc(m * (size_t)n * 4);
+		void *rin = dev_alloc(p * (size_t)n * 4), *rout = dev_alloc(p * 4);
+		DLTensor ti = gpu_tensor_of(d, din, &sm), to = gpu_tensor_of(d, dout, &sall);
+		DLTensor ri = gpu_tensor_of(d, rin, &spall), ro = gpu_tensor_of(d, rout, &sp);
+		struct job j = {1, -1, &order}, k = {1, -1, &order};
+
+		if (!h || !want || !din || !dout || !rin || !rout)
+			return 1;
+		fill(d, h, rank, 0, m);
+		dev_copy(din, h, m * 4, true);
+		for (int r = 0; r < n; r++)
+			fill(d, want + m * (size_t)r, r, 0, m);
+		st = RUN(w, "GPU allgather", tfab_allgather(w, &ti, &to, on_done, &j), j);
+		if (st) {
+			printf("rank %d: GPU allgather: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else {
+			dev_copy(h, dout, m * (size_t)n * 4, false);
+			bad |= compare(rank, "GPU allgather", h, want, m * (size_t)n, 4);
+		}
+		fill(d, h, rank, 0, p * (size_t)n);
+		dev_copy(rin, h, p * (size_t)n * 4, true);
+		for (size_t i = 0; i < p; i++) /* part c folds from rank c + 1 around to rank c */
+			reduce_one(d, TFAB_OP_SUM, n, (rank + 1) % n, p * (size_t)rank + i, want,
+				   i);
+		st = RUN(w, "GPU reduce_scatter",
+			 tfab_reduce_scatter(w, &ri, &ro, TFAB_OP_SUM, on_done, &k), k);
+		if (st) {
+			printf("rank %d: GPU reduce_scatter: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else {
+			dev_copy(h, rout, p * 4, false);
+			bad |= compare(rank, "GPU reduce_scatter", h, want, p, 4);
+		}
+		dev_free(din);
+		dev_free(dout);
+		dev_free(rin);
+		dev_free(rout);
+		free(h);
+		free(want);
+	}
+	tfab_get_stats(ctx, &s1);
+	if (s1.bytes_copied == s0.bytes_copied) {
+		printf("rank %d: GPU collectives copied nothing through proxies\n", rank);
+		bad = 1;
+	}
+	if (rank == 0)
+		printf("rank 0: GPU collectives %s\n", bad ? "FAILED" : "right");
+	return bad;
+}
+
 /* TFAB_OP_TIMEOUT_MS for the deadline cases, which need a short one; -1 (said) otherwise. */
 static long short_deadline_ms(const char *what)
 {
@@ -1083,8 +1278,28 @@ int main(int argc, char **argv)
 			printf("OK\n");
 		return rc;
 	}
+	if (argc == 3 && strcmp(argv[1], "gpu") == 0) {
+		const char *emu = getenv("TFAB_CUDA_EMULATE");
+		int rc, gpus = 0;
+
+		gpu_emulated = emu && strcmp(emu, "1") == 0;
+#ifdef TFAB_HAVE_CUDA
+		if (!gpu_emulated && cudaGetDeviceCount(&gpus) != cudaSuccess)
+			gpus = 0;
+#endif
+		if (!gpu_emulated && gpus == 0) {
+			printf("SKIP: no CUDA device here (TFAB_CUDA_EMULATE=1 runs the proxies on "
+			       "host memory)\n");
+			return 77;
+		}
+		rc = ranks_run_threads(atoi(argv[2]), WAIT_MS, gpu_body, NULL);
+		if (rc == 0)
+			printf("OK\n");
+		return rc;
+	}
 	if (argc >= 2 && strcmp(argv[1], "env") == 0)
 		return run_env(argc == 3 ? atol(argv[2]) : -1);
-	fprintf(stderr, "usage: %s threads N | straggler N | late N | env [ITERS]\n", argv[0]);
+	fprintf(stderr, "usage: %s threads N | straggler N | late N | gpu N | env [ITERS]\n",
+		argv[0]);
 	return 2;
 }
