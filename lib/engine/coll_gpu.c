@@ -135,8 +135,8 @@ int tfab__coll_gpu_open(struct tfab_world *w, const DLTensor **in_p, DLTensor **
 	}
 	tfab__ctx_unlock(w->ctx);
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "rank %d: a GPU tensor of a collective: %s", w->rank,
-			   tfab_strerror(rc));
+		TFAB_ERROR(SUBSYS, "rank %d: a CUDA tensor in a collective, but %s", w->rank,
+			   rc == -EOPNOTSUPP ? tfab__cuda_absent_reason() : tfab_strerror(rc));
 		gpu_free(g);
 		return rc;
 	}

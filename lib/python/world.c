@@ -406,8 +406,9 @@ static void on_coll(void *arg, int status)
 }
 
 /*
- * A collective's tensor: imported through DLPack (or the buffer protocol), compact and on the
- * CPU; the caller owns *m_p. -1 with an exception set.
+ * A collective's tensor: imported through DLPack (or the buffer protocol), compact, on the CPU
+ * or a CUDA GPU (the library takes that through host proxies, or says why it cannot); the
+ * caller owns *m_p. -1 with an exception set.
  */
 static int coll_tensor(PyObject *obj, const char *what, DLManagedTensor **m_p)
 {
@@ -415,11 +416,12 @@ static int coll_tensor(PyObject *obj, const char *what, DLManagedTensor **m_p)
 
 	if (tfabpy_dlpack_import(obj, &m) < 0)
 		return -1;
-	if (m->dl_tensor.device.device_type != kDLCPU) {
+	if (m->dl_tensor.device.device_type != kDLCPU &&
+	    m->dl_tensor.device.device_type != kDLCUDA) {
 		m->deleter(m);
 		PyErr_Format(PyExc_ValueError,
-			     "tfab: %s takes CPU tensors (copy a GPU tensor to the host first)",
-			     what);
+			     "tfab: %s takes CPU or CUDA tensors (device type %d)", what,
+			     (int)m->dl_tensor.device.device_type);
 		return -1;
 	}
 	if (!tfabpy_is_compact(&m->dl_tensor)) {

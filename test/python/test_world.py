@@ -15,6 +15,7 @@ import pytest
 import tfab
 import tfabtest
 import worlds
+from dlpack_ctypes import FakeDeviceTensor
 
 
 def run_world(n, func, *args, env=None, timeout=240, on_start=None, on_end=None):
@@ -196,3 +197,27 @@ def test_world_of_one_lifetimes_and_refusals():
     assert own.closed
     with pytest.raises(tfab.ConfigError):
         tfab.World(tfabtest.context(), rank=1, size=2, timeout=1)  # no TFAB_MASTER_ADDR
+
+
+def test_gpu_tensors_through_host_proxies():
+    """A CUDA tensor in a collective goes through host proxies: here a world of one, with
+    host memory claiming to be a GPU's (TFAB_CUDA_EMULATE): the input is read and the result
+    lands in out=. Without a GPU or the emulation, the library refuses it and says why."""
+    with tfabtest.context(cuda_emulate=1) as ctx, tfab.World(ctx, rank=0, size=1) as w:
+        a, b = FakeDeviceTensor(8), FakeDeviceTensor(8)
+        for i in range(8):
+            a.buf[i] = i + 0.5
+        copied = ctx.stats()["bytes_copied"]
+        assert w.allreduce(a, out=b).result(5) is b
+        assert list(b.buf) == [i + 0.5 for i in range(8)]
+        assert ctx.stats()["bytes_copied"] - copied == 2 * 8 * 4  # in, and the result out
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return  # a real GPU takes it: nothing to refuse
+    except ImportError:
+        pass
+    with tfabtest.context() as ctx, tfab.World(ctx, rank=0, size=1) as w:
+        with pytest.raises(tfab.Error) as e:
+            w.allreduce(FakeDeviceTensor(4)).result(5)
+        assert "CUDA" in str(e.value), str(e.value)

@@ -411,8 +411,11 @@ class World:
     Collectives return a :class:`Future` at once; every rank must start the same
     collectives in the same order, with tensors of the same dtype and size (the order
     numbers them). Tensors are NumPy arrays, torch tensors, or anything with ``__dlpack__``:
-    contiguous and on the CPU. The library reads and writes them in place (no copy) and keeps
-    them alive until the future completes: do not touch them before. The future's result is
+    contiguous, on the CPU or a CUDA GPU (through pinned host proxies: the input copied at the
+    call, the result copied back before the future completes; work on streams other than the
+    default one is the caller's to synchronize first). The library reads and writes CPU
+    tensors in place (no copy), and keeps every tensor alive until the future completes: do
+    not touch them before. The future's result is
     the tensor that holds the result. A failure (a rank that died, stopped or failed) is the
     future's exception, a :class:`tfab.Error`. A world is a context manager: leaving waits
     for what is in flight.
