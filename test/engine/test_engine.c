@@ -4079,7 +4079,15 @@ static const struct mp_scenario scenarios[] = {
      .fn = sc_receiver_killed,
      .no_barrier = true,
      .killed = 1u << 2 | 1u << 3},
-    {.name = "peer_exits", .nranks = 2, .fn = sc_peer_exits, .no_barrier = true},
+    {.name = "peer_exits",
+     .nranks = 2,
+     .fn = sc_peer_exits,
+     .no_barrier = true,
+     .not_on = "ofi:verbs",
+     .not_on_why = "libfabric 1.17's rxm on verbs writes into freed memory when the process that "
+		   "stays closes after its peer's process exited (a SIGSEGV at "
+		   "libfabric.so.1+0xb7882, or a heap that glibc later finds corrupted), which "
+		   "this scenario does eight times (doc/verbs-vm.md)"},
     {.name = "leave_after_recv", .nranks = 2, .fn = sc_leave_after_recv, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
