@@ -17,6 +17,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench.h"
+
 #define CHECK(x)                                                                            \
 	do {                                                                                \
 		cudaError_t e_ = (x);                                                       \
@@ -25,27 +27,6 @@
 			exit(1);                                                            \
 		}                                                                           \
 	} while (0)
-
-static double now_us(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp);
-	return v[n / 2];
-}
 
 int main(int argc, char **argv)
 {
@@ -82,22 +63,22 @@ int main(int argc, char **argv)
 				double a, y;
 
 				for (int i = 0; i < r; i++) {
-					double t0 = now_us();
+					double t0 = bench_now_us();
 
 					CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, st));
 					CHECK(cudaEventRecord(ev, st));
 					while (cudaEventQuery(ev) == cudaErrorNotReady)
 						;
-					t[i] = now_us() - t0;
+					t[i] = bench_now_us() - t0;
 				}
-				a = median(t, r);
+				a = bench_median(t, r);
 				for (int i = 0; i < r; i++) {
-					double t0 = now_us();
+					double t0 = bench_now_us();
 
 					CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
-					t[i] = now_us() - t0;
+					t[i] = bench_now_us() - t0;
 				}
-				y = median(t, r);
+				y = bench_median(t, r);
 				printf("%-9zu %-8s %-4s %10.1f %10.2f %10.1f %10.2f\n", n,
 				       k ? "pinned" : "pageable", d ? "h2d" : "d2h", a,
 				       (double)n / a / 1e3, y, (double)n / y / 1e3);
@@ -107,7 +88,7 @@ int main(int argc, char **argv)
 	/* Single calls, each the median of reps batches of 100. */
 	for (int c = 0; c < 3; c++) {
 		for (int i = 0; i < reps; i++) {
-			double t0 = now_us();
+			double t0 = bench_now_us();
 
 			for (int j = 0; j < 100; j++) {
 				if (c == 0)
@@ -118,14 +99,14 @@ int main(int argc, char **argv)
 				else
 					(void)cudaEventQuery(ev);
 			}
-			t[i] = (now_us() - t0) / 100;
+			t[i] = (bench_now_us() - t0) / 100;
 			CHECK(cudaStreamSynchronize(st));
 		}
 		printf("%s: %.2f us a call\n",
 		       c == 0	? "cudaMemcpyAsync of 8 B to pinned memory (launch)"
 		       : c == 1 ? "cudaEventRecord"
 				: "cudaEventQuery of a finished event",
-		       median(t, reps));
+		       bench_median(t, reps));
 	}
 	CHECK(cudaHostUnregister(host[1]));
 	return 0;

@@ -19,20 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
-static double now_us(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
+#include "bench.h"
 
 struct turns {
 	_Alignas(64) _Atomic long turn; /* even: worker 0's, odd: worker 1's; -1 before */
@@ -113,11 +100,11 @@ static double run(struct turns *t, int procs)
 		return -1;
 	while (atomic_load(&t->ready) < 2)
 		;
-	t0 = now_us();
+	t0 = bench_now_us();
 	atomic_store(&t->turn, 0);
 	while (atomic_load(&t->turn) < 2 * t->rounds && !atomic_load(&t->failed))
 		;
-	t0 = (now_us() - t0) / (2.0 * (double)t->rounds);
+	t0 = (bench_now_us() - t0) / (2.0 * (double)t->rounds);
 	for (int k = 0; k < 2; k++) {
 		if (procs)
 			waitpid(pid[k], NULL, 0);
@@ -146,7 +133,7 @@ int main(int argc, char **argv)
 				return 1;
 			}
 		}
-		qsort(v, (size_t)reps, sizeof(*v), cmp);
+		qsort(v, (size_t)reps, sizeof(*v), bench_cmp);
 		printf("two %s: %.1f us a turn (median of %d; %.1f to %.1f)\n",
 		       procs ? "processes" : "threads of one process", v[reps / 2], reps, v[0],
 		       v[reps - 1]);

@@ -16,20 +16,7 @@
 
 #include "util/hash.h"
 
-static double now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
+#include "bench.h"
 
 static uint64_t fnv1a(const void *p, size_t len, uint64_t seed)
 {
@@ -49,12 +36,12 @@ static double round_ns(uint64_t (*fn)(const void *, size_t, uint64_t), char keys
 		       uint64_t *sink)
 {
 	uint64_t h = 0;
-	double t0 = now_ns();
+	double t0 = bench_now_ns();
 
 	for (int i = 0; i < ROUND; i++)
 		h = fn(keys[(i + (h & 1)) % NKEYS], len, h | 1);
 	*sink += h;
-	return (now_ns() - t0) / ROUND;
+	return (bench_now_ns() - t0) / ROUND;
 }
 
 int main(int argc, char **argv)
@@ -82,8 +69,8 @@ int main(int argc, char **argv)
 			a[r] = round_ns(tfab__hash_bytes, keys, lens[l], &sink);
 			b[r] = round_ns(fnv1a, keys, lens[l], &sink);
 		}
-		qsort(a, (size_t)reps, sizeof(*a), cmp);
-		qsort(b, (size_t)reps, sizeof(*b), cmp);
+		qsort(a, (size_t)reps, sizeof(*a), bench_cmp);
+		qsort(b, (size_t)reps, sizeof(*b), bench_cmp);
 		printf("%8zu %14.2f %14.2f %8.2f\n", lens[l], a[reps / 2], b[reps / 2],
 		       a[reps / 2] / b[reps / 2]);
 	}

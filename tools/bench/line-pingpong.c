@@ -16,25 +16,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
+
 struct line {
 	_Alignas(64) _Atomic unsigned long v;
 	char pad[56];
 };
-
-static double now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 /* One run: ns one way. l[0]: ping, l[1]: pong, l[2]: the second line of --two. */
 static double run(struct line *l, long rounds, int two)
@@ -58,7 +45,7 @@ static double run(struct line *l, long rounds, int two)
 		}
 		_exit(0);
 	}
-	t0 = now_ns();
+	t0 = bench_now_ns();
 	for (long i = 1; i <= rounds; i++) {
 		if (two)
 			atomic_store_explicit(&l[2].v, (unsigned long)i, memory_order_relaxed);
@@ -66,7 +53,7 @@ static double run(struct line *l, long rounds, int two)
 		while (atomic_load_explicit(&l[1].v, memory_order_acquire) != (unsigned long)i)
 			;
 	}
-	t0 = (now_ns() - t0) / (double)rounds / 2;
+	t0 = (bench_now_ns() - t0) / (double)rounds / 2;
 	waitpid(pid, NULL, 0);
 	return t0;
 }
@@ -86,7 +73,7 @@ int main(int argc, char **argv)
 		if (t[i] < 0)
 			return 1;
 	}
-	qsort(t, (size_t)reps, sizeof(*t), cmp);
+	qsort(t, (size_t)reps, sizeof(*t), bench_cmp);
 	printf("{\"test\":\"line-pingpong\",\"lines\":%d,\"ns_one_way\":%.1f,\"min\":%.1f,"
 	       "\"max\":%.1f}\n",
 	       two ? 2 : 1, t[reps / 2], t[0], t[reps - 1]);

@@ -14,20 +14,7 @@
 
 #include "providers/shm/copy.h"
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
+#include "bench.h"
 
 static double median_gbps(void (*copy)(void *, const void *, size_t), void *dst, const void *src,
 			  size_t len, int reps)
@@ -35,12 +22,12 @@ static double median_gbps(void (*copy)(void *, const void *, size_t), void *dst,
 	double *r = calloc((size_t)reps, sizeof(*r)), m;
 
 	for (int i = 0; i < reps; i++) {
-		double t0 = now_s();
+		double t0 = (bench_now_ns() / 1e9);
 
 		copy(dst, src, len);
-		r[i] = (double)len / (now_s() - t0) / 1e9;
+		r[i] = (double)len / ((bench_now_ns() / 1e9) - t0) / 1e9;
 	}
-	qsort(r, (size_t)reps, sizeof(*r), cmp);
+	qsort(r, (size_t)reps, sizeof(*r), bench_cmp);
 	m = r[reps / 2];
 	free(r);
 	return m;
