@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "mp.h"
+#include "test/common/gpu_count.h"
 
 #ifdef TFAB_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -24,34 +25,6 @@
 #define WAIT_MS 60000
 
 static bool emulated;
-
-/*
- * The CUDA devices here; or 0 where there is none (no device, or no NVIDIA driver at all: the
- * runtime then says "insufficient driver"), or -1 where CUDA is there but broken, with *why_p
- * saying which.
- */
-static int gpu_count(const char **why_p)
-{
-#ifdef TFAB_HAVE_CUDA
-	int n = 0;
-	cudaError_t e = cudaGetDeviceCount(&n);
-
-	*why_p = "no CUDA device on this machine";
-	if (e == cudaSuccess)
-		return n;
-	if (e == cudaErrorNoDevice || e == cudaErrorStubLibrary ||
-	    (e == cudaErrorInsufficientDriver &&
-	     access("/proc/driver/nvidia/version", F_OK) != 0)) {
-		*why_p = "no CUDA device or driver on this machine";
-		return 0;
-	}
-	*why_p = cudaGetErrorString(e);
-	return -1;
-#else
-	*why_p = "built without CUDA";
-	return 0;
-#endif
-}
 
 static void *dev_alloc(size_t n)
 {

@@ -30,6 +30,7 @@
 #include <tfab/tfab.h>
 
 #include "ranks.h"
+#include "../common/gpu_count.h"
 
 #ifdef TFAB_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -1293,17 +1294,18 @@ int main(int argc, char **argv)
 		return rc;
 	}
 	if (argc == 3 && strcmp(argv[1], "gpu") == 0) {
-		const char *emu = getenv("TFAB_CUDA_EMULATE");
-		int rc, gpus = 0;
+		const char *emu = getenv("TFAB_CUDA_EMULATE"), *why = "";
+		int rc, gpus;
 
 		gpu_emulated = emu && strcmp(emu, "1") == 0;
-#ifdef TFAB_HAVE_CUDA
-		if (!gpu_emulated && cudaGetDeviceCount(&gpus) != cudaSuccess)
-			gpus = 0;
-#endif
-		if (!gpu_emulated && gpus == 0) {
-			printf("SKIP: no CUDA device here (TFAB_CUDA_EMULATE=1 runs the proxies on "
-			       "host memory)\n");
+		gpus = gpu_emulated ? 1 : gpu_count(&why);
+		if (gpus < 0) {
+			printf("FAIL: CUDA is here but unusable: cudaGetDeviceCount: %s\n", why);
+			return 1;
+		}
+		if (gpus == 0) {
+			printf("SKIP: %s (TFAB_CUDA_EMULATE=1 runs the proxies on host memory)\n",
+			       why);
 			return 77;
 		}
 		rc = ranks_run_threads(atoi(argv[2]), WAIT_MS, gpu_body, NULL);
