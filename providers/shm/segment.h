@@ -1,7 +1,6 @@
 /*
- * Shared segments of the shm backend: memfd-backed memory with no name in /dev/shm (a process
- * that dies, SIGKILL included, leaves nothing behind: the kernel frees a memfd with its last
- * reference), opened by peers through /proc/<pid>/fd/<n>; the host identity that tells a peer
+ * Shared segments of the shm backend (util/segment.h: memfd memory, opened by peers through
+ * /proc/<pid>/fd/<n>); the host identity that tells a peer
  * on this host and in these namespaces from one that is not; and process handles (pidfd) that
  * tell a peer's death without polling its pid.
  */
@@ -13,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "util/segment.h"
+
 /* Where a process runs: same boot, same pid and mount namespaces, or no shared memory. */
 struct tfab_shm_host {
 	uint8_t boot_id[16];
@@ -22,16 +23,6 @@ struct tfab_shm_host {
 
 /* This process's identity (read once, cached). */
 int tfab_shm_host_self(struct tfab_shm_host *host_p);
-
-/* A new segment of len bytes, zero-filled, mapped shared; its fd is close-on-exec. */
-int tfab_shm_seg_create(const char *name, size_t len, int *fd_p, uint64_t *ino_p, void **addr_p);
-
-/*
- * Maps another process's segment: its fd number there, opened through /proc/<pid>/fd. ino
- * (when nonzero) must match, so that a reused fd number is refused. Returns the mapping and
- * its length.
- */
-int tfab_shm_seg_open(pid_t pid, int fd, uint64_t ino, void **addr_p, size_t *len_p);
 
 /* A handle on a process whose exit poll() reports (pidfd), or -errno. */
 int tfab_shm_pidfd(pid_t pid);

@@ -173,7 +173,7 @@ static int tfab_shm_open(const struct tfab_open_args *args, struct tfab_ep **ep_
 	for (uint32_t i = TFAB_SHM_NREGS - 1; i > 0; i--)
 		ep->free_regs[ep->nfree_regs++] = i;
 	ep->ctrl_len = sizeof(struct tfab_shm_ctrl);
-	rc = tfab_shm_seg_create("tfab-shm-ctrl", ep->ctrl_len, &ep->ctrl_fd, &ep->ctrl_ino, &addr);
+	rc = tfab__seg_create("tfab-shm-ctrl", ep->ctrl_len, &ep->ctrl_fd, &ep->ctrl_ino, &addr);
 	if (rc)
 		goto err;
 	ep->ctrl = addr;
@@ -285,7 +285,7 @@ static int tfab_shm_connect(struct tfab_ep *base, const void *addr, size_t len,
 		c->pidfd = -1;
 		goto err;
 	}
-	rc = tfab_shm_seg_open(a.pid, a.ctrl_fd, a.ctrl_ino, &map, &c->peer_len);
+	rc = tfab__seg_open(a.pid, a.ctrl_fd, a.ctrl_ino, &map, &c->peer_len);
 	if (rc) {
 		if (rc == -ENOENT)
 			rc = -TFAB_ERR_PEER_FAILED;
@@ -438,7 +438,7 @@ static int tfab_shm_mem_alloc(struct tfab_ep *base, size_t len, void **addr_p)
 	if (!s)
 		return -ENOMEM;
 	s->len = (len + page - 1) / page * page;
-	rc = tfab_shm_seg_create("tfab-shm-data", s->len, &s->fd, &s->ino, &addr);
+	rc = tfab__seg_create("tfab-shm-data", s->len, &s->fd, &s->ino, &addr);
 	if (rc) {
 		free(s);
 		return rc;

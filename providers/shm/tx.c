@@ -58,7 +58,7 @@ static uint8_t *seg_map(struct tfab_shm_conn *c, const struct reg_view *v)
 	for (m = c->maps; m; m = m->next)
 		if (m->ino == v->seg_ino)
 			return m->addr;
-	if (tfab_shm_seg_open(c->pid, v->seg_fd, v->seg_ino, &addr, &len))
+	if (tfab__seg_open(c->pid, v->seg_fd, v->seg_ino, &addr, &len))
 		return NULL;
 	m = malloc(sizeof(*m));
 	if (!m) {
