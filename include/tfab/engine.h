@@ -245,6 +245,12 @@ struct tfab_stats {
 	 * TFAB_POOL_CACHE are not pinned.
 	 */
 	uint64_t gpu_pins;
+	/*
+	 * Allreduces whose operands went through the world's shared segments (every rank on
+	 * this host: TFAB_COLL_SHM) and ended well; their operands' bytes count in
+	 * coll_bytes_wire and coll_bytes_logical once each, as put.
+	 */
+	uint64_t coll_shm;
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

@@ -136,6 +136,11 @@ struct tfab_coll {
 	size_t nbytes;
 	uint32_t nops, unended;
 	uint32_t *ready, ready_head, ready_tail;
+	/* A direct allreduce through the segments (coll_shm.c): no operations. */
+	bool fast, put;		    /* through them; its operand put */
+	uint64_t fseq;		    /* its number among those */
+	uint64_t started_ms;	    /* the stall deadline's start */
+	struct tfab_list fast_link; /* w->fast, until its operands are read or given up on */
 	struct coll_op *ops;
 	tfab_coll_cb cb;
 	void *arg;
@@ -159,6 +164,7 @@ int tfab__coll_init(struct tfab_world *w)
 	tfab__list_init(&w->colls);
 	tfab__list_init(&w->runnable);
 	tfab__list_init(&w->early);
+	tfab__list_init(&w->fast);
 	w->small = w->ctx->cfg.allreduce_small;
 	w->piece = w->ctx->cfg.coll_piece;
 	w->eager = w->ctx->cfg.coll_eager;
@@ -171,15 +177,17 @@ int tfab__coll_init(struct tfab_world *w)
 	pthread_cond_init(&w->coll_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	w->coll_up = true;
-	if (w->eager) {
-		/* One world per context takes the hooks; another one sends its operands as tensors. */
-		tfab__ctx_lock(w->ctx);
-		if (w->ctx->coll)
-			w->eager = 0;
-		tfab__ctx_unlock(w->ctx);
-		if (w->eager)
-			tfab__ctx_set_coll(w->ctx, &hooks, w);
-	}
+	/*
+	 * One world per context takes the hooks; another one sends its operands as tensors, and
+	 * has no segments (nothing would poll them).
+	 */
+	tfab__ctx_lock(w->ctx);
+	w->hooked = !w->ctx->coll;
+	tfab__ctx_unlock(w->ctx);
+	if (w->hooked)
+		tfab__ctx_set_coll(w->ctx, &hooks, w);
+	else
+		w->eager = 0;
 	return 0;
 }
 
@@ -212,8 +220,9 @@ int tfab__coll_fini(struct tfab_world *w)
 		pthread_cond_wait(&w->coll_cond, &w->coll_lock);
 	pthread_mutex_unlock(&w->coll_lock);
 	tfab__htable_fini_free(&w->residuals);
-	if (w->eager)
+	if (w->hooked)
 		tfab__ctx_set_coll(w->ctx, NULL, NULL);
+	tfab__coll_shm_free(w);
 	while (!tfab__list_empty(&w->early)) {
 		struct tfab_list *l = w->early.next;
 
@@ -811,6 +820,7 @@ static void drive(struct tfab_world *w)
 			c->cb(c->arg, c->status);
 			pthread_mutex_lock(&w->coll_lock);
 			tfab__list_del(&c->link);
+			atomic_fetch_add_explicit(&w->ended, 1, memory_order_relaxed);
 			pthread_cond_broadcast(&w->coll_cond);
 			pthread_mutex_unlock(&w->coll_lock);
 			coll_free(c);
@@ -819,6 +829,89 @@ static void drive(struct tfab_world *w)
 	}
 	w->driving = false;
 	pthread_cond_broadcast(&w->coll_cond); /* for tfab__coll_fini */
+}
+
+/* A direct allreduce through the segments: every rank's operand, reduced in rank order. */
+static void fast_fold(struct tfab_coll *c)
+{
+	struct tfab_world *w = c->w;
+	size_t n = c->nbytes / c->esize;
+
+	tfab__reduce(c->op, c->rt, c->out, tfab__coll_shm_operand(w, 0, c->fseq),
+		     tfab__coll_shm_operand(w, 1, c->fseq), n);
+	for (int k = 2; k < w->size; k++)
+		tfab__reduce(c->op, c->rt, c->out, c->out, tfab__coll_shm_operand(w, k, c->fseq),
+			     n);
+	if (c->op == TFAB_OP_AVG)
+		tfab__reduce_div(c->rt, c->out, n, w->size);
+}
+
+/* c is done with the segments (lock held): drive calls it back. */
+static void fast_end(struct tfab_world *w, struct tfab_coll *c, int status)
+{
+	tfab__coll_shm_done(w, c->fseq);
+	if (c->put)
+		atomic_fetch_add_explicit(&w->ctx->coll_shm_bytes, c->nbytes, memory_order_relaxed);
+	if (!status)
+		atomic_fetch_add_explicit(&w->ctx->coll_shm, 1, memory_order_relaxed);
+	tfab__list_del(&c->fast_link);
+	atomic_fetch_sub_explicit(&w->ctx->coll_polls, 1, memory_order_relaxed);
+	c->status = status;
+	coll_queue(c);
+}
+
+/*
+ * The allreduces through the segments (lock held): their operands put in their order as far
+ * as slots are free, their results folded in that order as every rank's operands are there.
+ * The first that waits stops the rest; it fails where the rank it waits for failed, the context
+ * aborted, or the stall deadline (TFAB_OP_TIMEOUT_MS) passed. Whether any ended.
+ */
+static bool fast_poll(struct tfab_world *w)
+{
+	uint64_t limit = w->ctx->cfg.op_timeout_ms, now;
+	bool any = false, ended = true;
+
+	while (ended && !tfab__list_empty(&w->fast)) {
+		struct tfab_coll *c = tfab_container_of(w->fast.next, struct tfab_coll, fast_link);
+		int behind = w->rank, who, rc = 0;
+		struct tfab_list *l;
+
+		for (l = w->fast.next; l != &w->fast; l = l->next) {
+			struct tfab_coll *p = tfab_container_of(l, struct tfab_coll, fast_link);
+
+			if (!p->put &&
+			    !(p->put = tfab__coll_shm_put(w, p->fseq, p->in, p->nbytes, &behind)))
+				break;
+		}
+		who = behind;
+		if (c->put)
+			rc = tfab__coll_shm_ready(w, c->fseq, c->nbytes, &who);
+		if (rc == 1) {
+			fast_fold(c);
+			fast_end(w, c, 0);
+			any = true;
+			continue;
+		}
+		if (rc == 0)
+			rc = w->aborted ? w->aborted : w->rank_failed[who];
+		now = tfab__coarse_ms();
+		if (rc == 0 && limit && now > c->started_ms && now - c->started_ms >= limit) {
+			TFAB_WARN(SUBSYS,
+				  "rank %d: %s %" PRIu64 ": nothing from rank %d for %" PRIu64
+				  " ms (through the segments); failed (TFAB_OP_TIMEOUT_MS)",
+				  w->rank, c->what, c->seq, who, now - c->started_ms);
+			rc = -TFAB_ERR_TIMEOUT;
+		}
+		ended = rc != 0;
+		if (!ended)
+			break;
+		if (rc != -TFAB_ERR_TIMEOUT)
+			TFAB_WARN(SUBSYS, "rank %d: %s %" PRIu64 " failed (%s, with rank %d)",
+				  w->rank, c->what, c->seq, status_text(rc), who);
+		fast_end(w, c, rc);
+		any = true;
+	}
+	return any;
 }
 
 /* Number c, and post what needs nothing first. */
@@ -830,6 +923,16 @@ static void coll_start(struct tfab_coll *c)
 	c->seq = w->coll_seq++;
 	c->step = COLL_STEP(c->seq);
 	tfab__list_add_tail(&w->colls, &c->link);
+	if (c->fast) {
+		c->fseq = w->shm_seq++;
+		c->started_ms = tfab__coarse_ms();
+		tfab__list_add_tail(&w->fast, &c->fast_link);
+		atomic_fetch_add_explicit(&w->ctx->coll_polls, 1, memory_order_relaxed);
+		fast_poll(w);
+		drive(w);
+		pthread_mutex_unlock(&w->coll_lock);
+		return;
+	}
 	for (uint32_t i = 0; i < c->nops; i++) {
 		/* Both ends of an operation reckon the same len, so they agree on its way. */
 		c->ops[i].eager = c->ops[i].len >= 1 && c->ops[i].len <= w->eager;
@@ -1153,7 +1256,7 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 	size_t inb, onb, count, esize;
 	uint32_t nops = 0, P = 1;
 	struct tfab_coll *c;
-	bool ring;
+	bool ring, fast;
 	int rc;
 
 	rc = check_world(w, cb);
@@ -1185,7 +1288,10 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 	else
 		o.compress = TFAB_COMPRESS_NONE;
 	ring = tfab__coll_algo(w, inb, count, o.algo) == TFAB_ALGO_RING;
-	if (w->size > 1 && ring) {
+	fast = w->size > 1 && !ring && !o.compress && inb >= 1 && inb <= w->shm_max;
+	if (fast) {
+		nops = 0;
+	} else if (w->size > 1 && ring) {
 		P = pieces_of(w, (count + (size_t)w->size - 1) / (size_t)w->size * esize);
 		nops = P * 4 * ((uint32_t)w->size - 1);
 	} else if (w->size > 1) {
@@ -1209,6 +1315,8 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 		}
 	} else if (w->size == 1 && ib != ob) {
 		memmove(ob, ib, inb);
+	} else if (fast) {
+		c->fast = true;
 	} else if (w->size > 1 && ring) {
 		build_ring_allreduce(c, count, P);
 	} else if (w->size > 1) {
@@ -1631,7 +1739,7 @@ static bool on_fail(void *arg, struct tfab_peer *peer, int status)
 		if (w->peers[r] == peer && !w->rank_failed[r])
 			w->rank_failed[r] = status;
 	}
-	any = fail_posted(w, peer, status, 0, 0);
+	any = fail_posted(w, peer, status, 0, 0) || !tfab__list_empty(&w->fast);
 	pthread_mutex_unlock(&w->coll_lock);
 	return any;
 }
@@ -1655,6 +1763,7 @@ static void kick(void *arg)
 	struct tfab_world *w = arg;
 
 	pthread_mutex_lock(&w->coll_lock);
+	fast_poll(w);
 	drive(w);
 	pthread_mutex_unlock(&w->coll_lock);
 }
@@ -1696,6 +1805,8 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 	pthread_mutex_lock(&w->coll_lock);
 	seq = w->coll_seq;
 	while (started_before(w, seq)) {
+		uint64_t ended = atomic_load_explicit(&w->ended, memory_order_relaxed);
+
 		if (deadline != UINT64_MAX && tfab__coarse_ms() >= deadline) {
 			rc = -ETIMEDOUT;
 			break;
@@ -1719,7 +1830,15 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 		 * core at each idle one to a rank that shares it (oversubscribed hosts).
 		 */
 		for (int idle = 0; idle < 16; idle++) {
-			if (tfab_progress(ctx) != 0)
+			/* The segments first: a progress call kicks them too, but after a poll. */
+			if (atomic_load_explicit(&ctx->coll_polls, memory_order_relaxed) &&
+			    w->hooked) {
+				kick(w);
+				if (atomic_load_explicit(&w->ended, memory_order_relaxed) != ended)
+					break;
+			}
+			if (tfab_progress(ctx) != 0 ||
+			    atomic_load_explicit(&w->ended, memory_order_relaxed) != ended)
 				break;
 			sched_yield();
 			if (deadline != UINT64_MAX && tfab__coarse_ms() >= deadline)

@@ -351,12 +351,17 @@ static int progress_call(struct tfab_context *ctx)
 {
 	int rc;
 
+	bool polls;
+
 	pthread_mutex_lock(&ctx->lock);
-	if (progress_idle(ctx)) {
+	polls = atomic_load_explicit(&ctx->coll_polls, memory_order_relaxed) && ctx->coll;
+	if (progress_idle(ctx) && !polls) {
 		pthread_mutex_unlock(&ctx->lock);
 		return 0;
 	}
 	rc = progress_locked(ctx, &ctx->quiet);
+	/* Allreduces through the segments: the collectives look at them (kick) as this ends. */
+	ctx->coll_due |= polls;
 	tfab__ctx_unlock(ctx);
 	return rc;
 }
@@ -701,6 +706,11 @@ int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p)
 	tfab__pool_get_stats(ctx->pool, &ps);
 	stats_p->mr_registrations += ps.registrations;
 	stats_p->gpu_pins = ps.pins;
+	stats_p->coll_shm = atomic_load_explicit(&ctx->coll_shm, memory_order_relaxed);
+	stats_p->coll_bytes_wire +=
+	    atomic_load_explicit(&ctx->coll_shm_bytes, memory_order_relaxed);
+	stats_p->coll_bytes_logical +=
+	    atomic_load_explicit(&ctx->coll_shm_bytes, memory_order_relaxed);
 	tfab__ctx_unlock(ctx);
 	return 0;
 }

@@ -7,6 +7,7 @@
 #define TFAB_ENGINE_ENGINE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -387,6 +388,12 @@ struct tfab_context {
 	bool coll_due;
 	bool coll_left; /* a world was left: a late COLL_DATA is dropped, not refused */
 	unsigned coll_kicking;
+	/*
+	 * Collectives that wait on the world's segments (coll.c, fast_poll): while there are
+	 * some, every progress call kicks the collectives.
+	 */
+	_Atomic unsigned coll_polls;
+	_Atomic uint64_t coll_shm, coll_shm_bytes; /* tfab_stats.coll_shm, and their operands */
 };
 
 /* heartbeat.c: the thread that writes a heartbeat to every bootstrapped peer */

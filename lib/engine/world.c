@@ -631,6 +631,8 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 		rc = same_settings(w);
 	if (rc == 0 && w->size > 1)
 		rc = connect_all(w, deadline);
+	if (rc == 0 && w->size > 1)
+		rc = tfab__coll_shm_join(w, deadline);
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "rank %d of %d did not join the world: %s", w->rank, w->size,
 			   tfab_strerror(rc));

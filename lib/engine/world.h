@@ -6,6 +6,7 @@
 #define TFAB_ENGINE_WORLD_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +37,7 @@ struct tfab_world {
 	bool driving;		   /* a thread is posting for them (coll.c, drive) */
 	unsigned small, piece;	   /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_PIECE */
 	unsigned eager;		   /* TFAB_COLL_EAGER, 0 where the hooks are another world's */
+	bool hooked;		   /* this world has the context's collective hooks */
 	struct tfab_list early;	   /* COLL_DATA operands before their receive (coll.c) */
 	unsigned nearly;
 	/*
@@ -46,6 +48,16 @@ struct tfab_world {
 	int *rank_failed;
 	int aborted;
 	struct tfab_htable residuals; /* error feedback of compressed allreduces, by key */
+	/*
+	 * Allreduces through the ranks' segments (coll_shm.c), where every rank is on this host:
+	 * shm_max (TFAB_COLL_SHM, 0 where there are none) bytes at most; fast: those started
+	 * and not yet read, in their order (shm_seq numbers them).
+	 */
+	struct tfab_coll_shm *shm;
+	unsigned shm_max;
+	uint64_t shm_seq;
+	struct tfab_list fast;
+	_Atomic uint64_t ended; /* collectives called back so far (tfab_world_wait) */
 };
 
 /* coll.c */
@@ -57,6 +69,19 @@ int tfab__coll_init(struct tfab_world *w);
 void tfab__coll_joined(struct tfab_world *w);
 /* -EBUSY while collectives are in flight (nothing done); else frees what they kept. */
 int tfab__coll_fini(struct tfab_world *w);
+
+/* coll_shm.c: the segments (the caller keeps their order, and holds coll_lock). */
+/* Once every peer is there: segments made and traded where all ranks are on this host. */
+int tfab__coll_shm_join(struct tfab_world *w, uint64_t deadline_ms);
+void tfab__coll_shm_free(struct tfab_world *w);
+/* Allreduce f's operand into this rank's slot; false (*behind_p: a rank) until it is free. */
+bool tfab__coll_shm_put(struct tfab_world *w, uint64_t f, const void *data, size_t len,
+			int *behind_p);
+/* 1 when every rank's operand of f is there; 0 (*missing_p: a rank's is not), or < 0. */
+int tfab__coll_shm_ready(struct tfab_world *w, uint64_t f, size_t len, int *missing_p);
+const void *tfab__coll_shm_operand(struct tfab_world *w, int rank, uint64_t f);
+/* This rank is done with f's operands (read, or given up on). */
+void tfab__coll_shm_done(struct tfab_world *w, uint64_t f);
 
 /* coll_gpu.c: GPU operands of a collective, through host proxies. */
 struct tfab_coll_gpu;

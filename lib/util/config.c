@@ -227,6 +227,11 @@ static const struct tfab_config_entry table[] = {
      "no request, no verdict), a larger one as a tensor; 0 sends every one as a tensor. Every "
      "rank of a world must have the same value",
      FIELD(coll_eager), &parser_uint, 0, 960},
+    {"TFAB_COLL_SHM", "4096",
+     "Where every rank of a world is on this host (native shm), a direct allreduce of at most "
+     "this many bytes goes through shared segments that every rank maps, not messages; 0 "
+     "turns that off. Every rank of a world must have the same value",
+     FIELD(coll_shm), &parser_uint, 0, 65536},
     {"TFAB_OFI_DOMAIN", "",
      "libfabric domain (interface) to open, such as lo or eth0 (shm has none); empty takes "
      "libfabric's first",

@@ -27,6 +27,7 @@ struct tfab_config {
 	unsigned allreduce_small;    /* TFAB_ALLREDUCE_SMALL: the direct algorithm's bound */
 	unsigned coll_piece;	     /* TFAB_COLL_PIECE: bytes per write of a collective */
 	unsigned coll_eager;	     /* TFAB_COLL_EAGER: most bytes of an operand in a message */
+	unsigned coll_shm;	     /* TFAB_COLL_SHM: most bytes of an allreduce through segments */
 	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
 	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
 	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */

@@ -463,6 +463,89 @@ static int out_of_order(struct tfab_world *w)
 	return bad;
 }
 
+/*
+ * Whether small allreduces go through the ranks' segments here: every peer on native shm, and
+ * TFAB_COLL_SHM not 0.
+ */
+static bool segments_expected(struct tfab_world *w)
+{
+	const char *v = getenv("TFAB_COLL_SHM");
+
+	if (v && atol(v) == 0)
+		return false;
+	for (int r = 0; r < tfab_world_size(w); r++) {
+		const char *path = tfab_peer_path(tfab_world_peer(w, r));
+
+		if (r != tfab_world_rank(w) && (!path || strcmp(path, "shm") != 0))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Small allreduces, more in flight at once than the segments have slots (16), so that later
+ * ones wait for slots that every rank has read: each sum checked exactly, and the way they
+ * went (tfab_stats.coll_shm: through the segments where segments_expected, else none).
+ */
+static int many_small(struct tfab_context *ctx, struct tfab_world *w)
+{
+	enum { M = 40, COUNT = 3 };
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+	int32_t in[M][COUNT], out[M][COUNT];
+	int64_t count = COUNT;
+	struct job jobs[M];
+	atomic_int order = 0;
+	struct tfab_stats s0, s1;
+	uint64_t got;
+	bool expect = segments_expected(w);
+
+	tfab_get_stats(ctx, &s0);
+	for (int m = 0; m < M; m++) {
+		DLTensor tin = tensor_of(&DTYPES[4], in[m], &count);
+		DLTensor tout = tensor_of(&DTYPES[4], out[m], &count);
+
+		for (int i = 0; i < COUNT; i++)
+			in[m][i] = rank * 1000 + m * 10 + i;
+		jobs[m] = (struct job){1, -1, &order};
+		if (tfab_allreduce(w, &tin, m % 2 ? &tin : &tout, TFAB_OP_SUM, NULL, on_done,
+				   &jobs[m])) {
+			printf("rank %d: small allreduce %d not started\n", rank, m);
+			return 1;
+		}
+	}
+	bad |= wait_all(w, "many small");
+	for (int m = 0; m < M && !bad; m++) {
+		const int32_t *res = m % 2 ? in[m] : out[m];
+
+		if (jobs[m].status) {
+			printf("rank %d: small allreduce %d: %s\n", rank, m,
+			       tfab_strerror(jobs[m].status));
+			bad = 1;
+		}
+		for (int i = 0; i < COUNT && !bad; i++) {
+			int32_t want = 1000 * n * (n - 1) / 2 + n * (m * 10 + i);
+
+			if (res[i] != want) {
+				printf("rank %d: small allreduce %d [%d]: %d, not %d\n", rank, m, i,
+				       res[i], want);
+				bad = 1;
+			}
+		}
+	}
+	tfab_get_stats(ctx, &s1);
+	got = s1.coll_shm - s0.coll_shm;
+	if (got != (expect ? (uint64_t)M : 0)) {
+		printf("rank %d: %llu of %d small allreduces went through the segments, where %s "
+		       "were expected to\n",
+		       rank, (unsigned long long)got, M, expect ? "all" : "none");
+		bad = 1;
+	}
+	if (rank == 0)
+		printf("many small (%s): %s\n", expect ? "through the segments" : "as messages",
+		       bad ? "FAILED" : "ok");
+	return bad;
+}
+
 static uint8_t byte_of(int r, size_t i)
 {
 	return (uint8_t)(r * 31 + i * 7 + (i >> 8));
@@ -830,6 +913,7 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	if (getenv("TEST_COLL_ONLY_COMPRESSED"))
 		return compressed(ctx, w);
 	bad |= out_of_order(w);
+	bad |= many_small(ctx, w);
 	bad |= broadcast(w);
 	bad |= allgather(w);
 	bad |= reduce_scatter(w);
