@@ -755,6 +755,7 @@ static void drive(struct tfab_world *w)
 	if (w->driving)
 		return;
 	w->driving = true;
+	w->driver = pthread_self();
 	while (!tfab__list_empty(&w->runnable)) {
 		struct tfab_coll *c =
 		    tfab_container_of(w->runnable.next, struct tfab_coll, run_link);
@@ -876,7 +877,8 @@ static bool fast_poll(struct tfab_world *w)
 		int behind = w->rank, who, rc = 0;
 		struct tfab_list *l;
 
-		for (l = w->fast.next; l != &w->fast; l = l->next) {
+		/* Not after an abort, as no message goes then. */
+		for (l = w->fast.next; l != &w->fast && !w->aborted; l = l->next) {
 			struct tfab_coll *p = tfab_container_of(l, struct tfab_coll, fast_link);
 
 			if (!p->put &&
@@ -893,7 +895,14 @@ static bool fast_poll(struct tfab_world *w)
 			continue;
 		}
 		if (rc == 0)
-			rc = w->aborted ? w->aborted : w->rank_failed[who];
+			rc = w->aborted;
+		/* Any failed rank it waits on, not only the first (who may be alive, and late). */
+		for (int r = 0; rc == 0 && r < w->size; r++) {
+			if (w->rank_failed[r] && tfab__coll_shm_waits_on(w, c->fseq, c->put, r)) {
+				rc = w->rank_failed[r];
+				who = r;
+			}
+		}
 		now = tfab__coarse_ms();
 		if (rc == 0 && limit && now > c->started_ms && now - c->started_ms >= limit) {
 			TFAB_WARN(SUBSYS,
@@ -1750,7 +1759,8 @@ static bool on_tick(void *arg, uint64_t now_ms)
 	uint64_t limit = w->ctx->cfg.op_timeout_ms;
 	bool any;
 
-	if (!limit)
+	/* Only eager receives have a deadline here (the segments' is fast_poll's). */
+	if (!limit || !w->eager)
 		return false;
 	pthread_mutex_lock(&w->coll_lock);
 	any = fail_posted(w, NULL, -TFAB_ERR_TIMEOUT, now_ms, limit);
@@ -1803,6 +1813,14 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 	/* The coarse clock: a deadline in ms, read at every turn of a loop that polls. */
 	deadline = timeout_ms < 0 ? UINT64_MAX : tfab__coarse_ms() + (uint64_t)timeout_ms;
 	pthread_mutex_lock(&w->coll_lock);
+	/*
+	 * From a collective's callback (or anything else drive runs), nothing it waits for could
+	 * end: drive, which ends them, is up this thread's stack.
+	 */
+	if (w->driving && pthread_equal(w->driver, pthread_self())) {
+		pthread_mutex_unlock(&w->coll_lock);
+		return -EDEADLK;
+	}
 	seq = w->coll_seq;
 	while (started_before(w, seq)) {
 		uint64_t ended = atomic_load_explicit(&w->ended, memory_order_relaxed);

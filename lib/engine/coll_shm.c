@@ -49,7 +49,6 @@ struct tfab_coll_shm {
 	size_t stride, len; /* a slot's bytes (head line and data), the segment's */
 	int fd;		    /* this rank's segment */
 	uint8_t **segs;	    /* by rank; this rank's own included */
-	int64_t desc[4];    /* what this rank tells the others: pid, fd, inode, max */
 };
 
 static struct seg_head *head_of(const struct tfab_coll_shm *s, int rank)
@@ -76,19 +75,18 @@ static int remaining(uint64_t deadline)
 }
 
 /* Every rank's descriptor into all (this rank's its own), the round's step. */
-static int trade(struct tfab_world *w, struct tfab_coll_shm *s, int64_t step, int64_t (*all)[4],
-		 uint64_t deadline)
+static int trade(struct tfab_world *w, int64_t step, int64_t (*all)[4], uint64_t deadline)
 {
 	struct tfab_context *ctx = w->ctx;
 	int64_t four = 4;
-	DLTensor t = {.data = s->desc,
+	DLTensor t = {.data = w->shm_desc,
 		      .device = {kDLCPU, 0},
 		      .ndim = 1,
 		      .dtype = {kDLInt, 64, 1},
 		      .shape = &four};
 	int rc = 0;
 
-	memcpy(all[w->rank], s->desc, sizeof(s->desc));
+	memcpy(all[w->rank], w->shm_desc, sizeof(w->shm_desc));
 	for (int r = 0; r < w->size && rc == 0; r++) {
 		if (r != w->rank)
 			rc = tfab_send_to(ctx, w->peers[r], SEG_KEY, step, &t, false, on_desc_sent,
@@ -152,46 +150,44 @@ static int map_all(struct tfab_world *w, struct tfab_coll_shm *s, int64_t (*all)
 		void *addr;
 		int rc;
 
-		if (all[r][3] != s->desc[3]) {
-			TFAB_ERROR(SUBSYS,
-				   "rank %d: rank %d has TFAB_COLL_SHM=%lld, this rank %lld: every "
-				   "rank of a world must have the same",
-				   w->rank, r, (long long)all[r][3], (long long)s->desc[3]);
-			return -TFAB_ERR_CONFIG;
-		}
 		if (r == w->rank)
 			continue;
 		rc = tfab__seg_open((pid_t)all[r][0], (int)all[r][1], (uint64_t)all[r][2], &addr,
 				    &len);
 		if (rc)
 			return rc;
-		s->segs[r] = addr;
-		if (len != s->len || head_of(s, r)->magic != SHM_MAGIC ||
-		    head_of(s, r)->rank != (uint32_t)r) {
+		if (len != s->len || ((struct seg_head *)addr)->magic != SHM_MAGIC ||
+		    ((struct seg_head *)addr)->rank != (uint32_t)r) {
 			TFAB_ERROR(SUBSYS, "rank %d: rank %d's collective segment is not one",
 				   w->rank, r);
+			munmap(addr, len);
 			return -TFAB_ERR_PROTOCOL;
 		}
+		s->segs[r] = addr;
 	}
 	return 0;
 }
 
 /*
- * Two rounds between every pair: the descriptors (pid, fd, inode, TFAB_COLL_SHM; 0 for the
- * last where the rank has no segment), then whether each rank mapped every other's. Every
- * rank so decides alike, and keeps its fd (which /proc opens) until every other has mapped
- * the segment; the mappings keep it after that.
+ * Where TFAB_COLL_SHM (the same on every rank: the join compared it) is not 0, two rounds
+ * between every pair: the descriptors (pid, fd, inode, and 1; 0 where the rank has no
+ * segment: a peer off the shm path, another world holding the hooks, or no memory), then,
+ * where every rank has one, whether each mapped every other's. Every rank so decides alike,
+ * and keeps its fd (which /proc opens) until every other has mapped the segment; the mappings
+ * keep it after that.
  */
 int tfab__coll_shm_join(struct tfab_world *w, uint64_t deadline)
 {
-	unsigned max = w->hooked ? w->ctx->cfg.coll_shm : 0; /* polled through the hooks */
+	unsigned max = w->ctx->cfg.coll_shm;
 	struct tfab_coll_shm *s;
 	int64_t(*all)[4];
 	uint64_t ino = 0;
 	void *addr;
-	int rc = 0, on;
+	bool every = true, mapped = true;
+	int rc;
 
-	if (w->size < 2)
+	w->shm_max = 0;
+	if (w->size < 2 || max == 0)
 		return 0;
 	s = calloc(1, sizeof(*s));
 	all = calloc((size_t)w->size, sizeof(*all));
@@ -204,7 +200,9 @@ int tfab__coll_shm_join(struct tfab_world *w, uint64_t deadline)
 	s->fd = -1;
 	s->stride = LINE + (max + LINE - 1) / LINE * LINE;
 	s->len = 2 * LINE + SLOTS * s->stride;
-	if (max && one_host(w) && tfab__seg_create("tfab-coll", s->len, &s->fd, &ino, &addr) == 0) {
+	/* Polled through the hooks: not where another world of this context has them. */
+	if (w->hooked && one_host(w) &&
+	    tfab__seg_create("tfab-coll", s->len, &s->fd, &ino, &addr) == 0) {
 		struct seg_head *h = addr;
 
 		s->segs[w->rank] = addr;
@@ -212,27 +210,24 @@ int tfab__coll_shm_join(struct tfab_world *w, uint64_t deadline)
 		h->rank = (uint32_t)w->rank;
 		h->max = max;
 	}
-	s->desc[0] = getpid();
-	s->desc[1] = s->fd;
-	s->desc[2] = (int64_t)ino;
-	s->desc[3] = s->segs[w->rank] ? max : 0;
-	rc = trade(w, s, 0, all, deadline);
-	on = rc == 0 && s->desc[3];
-	for (int r = 0; r < w->size && on; r++)
-		on = all[r][3] != 0;
-	if (on && (rc = map_all(w, s, all)) != 0) {
-		on = 0;
-		TFAB_WARN(SUBSYS, "rank %d: allreduces go as messages: %s", w->rank,
-			  tfab_strerror(rc));
-		rc = rc == -TFAB_ERR_CONFIG ? rc : 0;
+	w->shm_desc[0] = getpid();
+	w->shm_desc[1] = s->fd;
+	w->shm_desc[2] = (int64_t)ino;
+	w->shm_desc[3] = s->segs[w->rank] != NULL;
+	rc = trade(w, 0, all, deadline);
+	for (int r = 0; r < w->size; r++)
+		every &= all[r][3] == 1;
+	if (rc == 0 && every) {
+		rc = map_all(w, s, all);
+		if (rc)
+			TFAB_WARN(SUBSYS, "rank %d: allreduces go as messages: %s", w->rank,
+				  tfab_strerror(rc));
+		w->shm_desc[3] = rc == 0;
+		rc = trade(w, 1, all, deadline);
+		for (int r = 0; r < w->size; r++)
+			mapped &= all[r][3] == 1;
 	}
-	if (rc == 0 && s->desc[3]) {
-		s->desc[3] = on;
-		rc = trade(w, s, 1, all, deadline);
-		for (int r = 0; r < w->size && rc == 0; r++)
-			on &= all[r][3] == 1;
-	}
-	w->shm_max = rc == 0 && on ? max : 0;
+	w->shm_max = rc == 0 && every && mapped ? max : 0;
 	free(all);
 	if (!w->shm_max) {
 		tfab__coll_shm_free(w);
@@ -298,4 +293,15 @@ const void *tfab__coll_shm_operand(struct tfab_world *w, int rank, uint64_t f)
 void tfab__coll_shm_done(struct tfab_world *w, uint64_t f)
 {
 	atomic_store_explicit(&head_of(w->shm, w->rank)->done, f + 1, memory_order_release);
+}
+
+bool tfab__coll_shm_waits_on(struct tfab_world *w, uint64_t f, bool put, int rank)
+{
+	struct tfab_coll_shm *s = w->shm;
+
+	if (put)
+		return atomic_load_explicit(&slot_of(s, rank, f)->seq, memory_order_acquire) !=
+		       f + 1;
+	return f >= SLOTS &&
+	       atomic_load_explicit(&head_of(s, rank)->done, memory_order_acquire) < f - SLOTS + 1;
 }

@@ -31,14 +31,15 @@
 
 /*
  * A rank's record on the wire: magic, version, rank, size, port, host and name (NUL-padded),
- * then the settings every rank must share (TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER).
+ * then the settings every rank must share (TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER,
+ * TFAB_COLL_SHM).
  */
 #define REC_MAGIC 0x54465752u /* "TFWR" */
-#define REC_VERSION 2
+#define REC_VERSION 3
 #define REC_HOST 256
 #define REC_NAME (TFAB_WORLD_NAME_MAX + 1)
 #define REC_SHARED (16 + REC_HOST + REC_NAME)
-#define REC_LEN (REC_SHARED + 4 + 4)
+#define REC_LEN (REC_SHARED + 4 + 4 + 4)
 /* Rank 0's answer: 'T' and every record in rank order, or 'E', a status and why. */
 #define ANSWER_TABLE 'T'
 #define ANSWER_ERROR 'E'
@@ -48,7 +49,7 @@ static const char HELLO_KEY[] = "tfab.world.hello";
 
 struct rank_rec {
 	uint32_t rank, size;
-	uint32_t small, eager; /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER */
+	uint32_t small, eager, shm; /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER, TFAB_COLL_SHM */
 	uint16_t port;
 	char host[REC_HOST];
 	char name[REC_NAME];
@@ -84,6 +85,7 @@ static void rec_pack(const struct rank_rec *r, uint8_t *out)
 	memcpy(out + 16 + REC_HOST, r->name, strnlen(r->name, REC_NAME - 1));
 	put32(out + REC_SHARED, r->small);
 	put32(out + REC_SHARED + 4, r->eager);
+	put32(out + REC_SHARED + 8, r->shm);
 }
 
 /* 0, or -TFAB_ERR_PROTOCOL for what is no record of ours. */
@@ -103,6 +105,7 @@ static int rec_unpack(const uint8_t *in, struct rank_rec *r)
 	memcpy(r->name, in + 16 + REC_HOST, REC_NAME);
 	r->small = get32(in + REC_SHARED);
 	r->eager = get32(in + REC_SHARED + 4);
+	r->shm = get32(in + REC_SHARED + 8);
 	return 0;
 }
 
@@ -117,13 +120,14 @@ static int same_settings(const struct tfab_world *w)
 	for (int r = 0; r < w->size; r++) {
 		const struct rank_rec *o = &w->recs[r];
 
-		if (o->small == me->small && o->eager == me->eager)
+		if (o->small == me->small && o->eager == me->eager && o->shm == me->shm)
 			continue;
-		TFAB_ERROR(
-		    SUBSYS,
-		    "rank %d: rank %d (%s) has TFAB_ALLREDUCE_SMALL=%u and TFAB_COLL_EAGER=%u, "
-		    "this rank %u and %u: every rank of a world must have the same",
-		    w->rank, r, o->name, o->small, o->eager, me->small, me->eager);
+		TFAB_ERROR(SUBSYS,
+			   "rank %d: rank %d (%s) has TFAB_ALLREDUCE_SMALL=%u, TFAB_COLL_EAGER=%u "
+			   "and TFAB_COLL_SHM=%u, this rank %u, %u and %u: every rank of a world "
+			   "must have the same",
+			   w->rank, r, o->name, o->small, o->eager, o->shm, me->small, me->eager,
+			   me->shm);
 		return -TFAB_ERR_CONFIG;
 	}
 	return 0;
@@ -559,6 +563,7 @@ static int settings(struct tfab_world *w, const struct tfab_world_args *args, st
 	snprintf(me->host, sizeof(me->host), "%s", host);
 	me->small = w->ctx->cfg.allreduce_small;
 	me->eager = w->eager; /* 0 where another world has the hooks */
+	me->shm = w->ctx->cfg.coll_shm;
 	/* Rank 0 is reached where it said it listens; with an allgather, at this host's name. */
 	if (!me->host[0] && w->rank == 0 && !(args && args->allgather))
 		snprintf(me->host, sizeof(me->host), "%s", cfg->master_addr);

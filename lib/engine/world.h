@@ -35,6 +35,7 @@ struct tfab_world {
 	struct tfab_list colls;	   /* started and not yet called back, by number */
 	struct tfab_list runnable; /* those with operations to post or a verdict to give */
 	bool driving;		   /* a thread is posting for them (coll.c, drive) */
+	pthread_t driver;	   /* that thread, while driving */
 	unsigned small, piece;	   /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_PIECE */
 	unsigned eager;		   /* TFAB_COLL_EAGER, 0 where the hooks are another world's */
 	bool hooked;		   /* this world has the context's collective hooks */
@@ -54,6 +55,7 @@ struct tfab_world {
 	 * and not yet read, in their order (shm_seq numbers them).
 	 */
 	struct tfab_coll_shm *shm;
+	int64_t shm_desc[4]; /* what the join sends of it (kept here until the peers go) */
 	unsigned shm_max;
 	uint64_t shm_seq;
 	struct tfab_list fast;
@@ -82,6 +84,8 @@ int tfab__coll_shm_ready(struct tfab_world *w, uint64_t f, size_t len, int *miss
 const void *tfab__coll_shm_operand(struct tfab_world *w, int rank, uint64_t f);
 /* This rank is done with f's operands (read, or given up on). */
 void tfab__coll_shm_done(struct tfab_world *w, uint64_t f);
+/* Whether f waits on rank: its operand not there (put), or f's slot not yet free of it. */
+bool tfab__coll_shm_waits_on(struct tfab_world *w, uint64_t f, bool put, int rank);
 
 /* coll_gpu.c: GPU operands of a collective, through host proxies. */
 struct tfab_coll_gpu;

@@ -17,28 +17,28 @@ struct tfab_config {
 	unsigned op_timeout_ms;	     /* TFAB_OP_TIMEOUT_MS, 0 for none */
 	unsigned heartbeat_ms;	     /* TFAB_HEARTBEAT_MS, 0 for none */
 	/* A world (world.c): a torchrun-style environment, "" where unset */
-	char rank[16];		     /* TFAB_RANK */
-	char world_size[16];	     /* TFAB_WORLD_SIZE */
-	char master_addr[256];	     /* TFAB_MASTER_ADDR */
-	unsigned master_port;	     /* TFAB_MASTER_PORT */
-	char world_name[256];	     /* TFAB_WORLD_NAME */
-	char world_host[256];	     /* TFAB_WORLD_HOST */
-	unsigned world_timeout_ms;   /* TFAB_WORLD_TIMEOUT_MS */
-	unsigned allreduce_small;    /* TFAB_ALLREDUCE_SMALL: the direct algorithm's bound */
-	unsigned coll_piece;	     /* TFAB_COLL_PIECE: bytes per write of a collective */
-	unsigned coll_eager;	     /* TFAB_COLL_EAGER: most bytes of an operand in a message */
-	unsigned coll_shm;	     /* TFAB_COLL_SHM: most bytes of an allreduce through segments */
-	char ofi_domain[64];	     /* TFAB_OFI_DOMAIN */
-	unsigned ofi_cq_size;	     /* TFAB_OFI_CQ_SIZE */
-	unsigned ofi_rx_depth;	     /* TFAB_OFI_RX_DEPTH */
-	unsigned ofi_poll_batch;     /* TFAB_OFI_POLL_BATCH */
-	char verbs_device[64];	     /* TFAB_VERBS_DEVICE */
-	int verbs_port;		     /* TFAB_VERBS_PORT, -1 for auto */
-	int verbs_gid_index;	     /* TFAB_VERBS_GID_INDEX, -1 for auto */
-	unsigned verbs_sq_depth;     /* TFAB_VERBS_SQ_DEPTH */
-	unsigned verbs_rq_depth;     /* TFAB_VERBS_RQ_DEPTH */
-	unsigned verbs_cq_depth;     /* TFAB_VERBS_CQ_DEPTH */
-	unsigned verbs_inline;	     /* TFAB_VERBS_INLINE */
+	char rank[16];		   /* TFAB_RANK */
+	char world_size[16];	   /* TFAB_WORLD_SIZE */
+	char master_addr[256];	   /* TFAB_MASTER_ADDR */
+	unsigned master_port;	   /* TFAB_MASTER_PORT */
+	char world_name[256];	   /* TFAB_WORLD_NAME */
+	char world_host[256];	   /* TFAB_WORLD_HOST */
+	unsigned world_timeout_ms; /* TFAB_WORLD_TIMEOUT_MS */
+	unsigned allreduce_small;  /* TFAB_ALLREDUCE_SMALL: the direct algorithm's bound */
+	unsigned coll_piece;	   /* TFAB_COLL_PIECE: bytes per write of a collective */
+	unsigned coll_eager;	   /* TFAB_COLL_EAGER: most bytes of an operand in a message */
+	unsigned coll_shm;	   /* TFAB_COLL_SHM: most bytes of an allreduce through segments */
+	char ofi_domain[64];	   /* TFAB_OFI_DOMAIN */
+	unsigned ofi_cq_size;	   /* TFAB_OFI_CQ_SIZE */
+	unsigned ofi_rx_depth;	   /* TFAB_OFI_RX_DEPTH */
+	unsigned ofi_poll_batch;   /* TFAB_OFI_POLL_BATCH */
+	char verbs_device[64];	   /* TFAB_VERBS_DEVICE */
+	int verbs_port;		   /* TFAB_VERBS_PORT, -1 for auto */
+	int verbs_gid_index;	   /* TFAB_VERBS_GID_INDEX, -1 for auto */
+	unsigned verbs_sq_depth;   /* TFAB_VERBS_SQ_DEPTH */
+	unsigned verbs_rq_depth;   /* TFAB_VERBS_RQ_DEPTH */
+	unsigned verbs_cq_depth;   /* TFAB_VERBS_CQ_DEPTH */
+	unsigned verbs_inline;	   /* TFAB_VERBS_INLINE */
 	unsigned verbs_signal_every; /* TFAB_VERBS_SIGNAL_EVERY */
 	unsigned verbs_timeout;	     /* TFAB_VERBS_TIMEOUT */
 	unsigned verbs_retry_cnt;    /* TFAB_VERBS_RETRY_CNT */

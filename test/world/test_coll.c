@@ -714,6 +714,47 @@ static void must_not_call(void *arg, int status)
 }
 
 /* Calls refused at once, with no callback; leaving with a collective in flight. */
+/*
+ * A callback that waits for the world: -EDEADLK at once, wherever the callback runs (inside
+ * the tfab_allreduce of the last rank to start it, as through the segments, or in progress).
+ */
+struct waiting_cb {
+	struct tfab_world *w;
+	int rc, status;
+	bool called;
+};
+
+static void wait_in_callback(void *arg, int status)
+{
+	struct waiting_cb *c = arg;
+
+	c->status = status;
+	c->rc = tfab_world_wait(c->w, 2000);
+	c->called = true;
+}
+
+static int wait_from_callback(struct tfab_world *w)
+{
+	int rank = tfab_world_rank(w);
+	int32_t v[2] = {rank, 1};
+	int64_t two = 2;
+	DLTensor t = tensor_of(&DTYPES[4], v, &two);
+	struct waiting_cb c = {w, 1, 1, false};
+
+	if (tfab_allreduce(w, &t, &t, TFAB_OP_SUM, NULL, wait_in_callback, &c))
+		return 1;
+	if (wait_all(w, "a callback that waits"))
+		return 1;
+	if (!c.called || c.status || c.rc != -EDEADLK) {
+		printf("rank %d: tfab_world_wait in a collective's callback: %s (the "
+		       "allreduce: %s), not EDEADLK\n",
+		       rank, c.called ? tfab_strerror(c.rc) : "never called",
+		       tfab_strerror(c.status));
+		return 1;
+	}
+	return 0;
+}
+
 static int refused(struct tfab_world *w)
 {
 	const struct dtype *d = &DTYPES[0];
@@ -749,6 +790,7 @@ static int refused(struct tfab_world *w)
 			bad = 1;
 		}
 	}
+	bad |= wait_from_callback(w);
 	/* Rank 0 alone in a barrier: leaving the world must wait for it. */
 	if (rank == 0 && n > 1) {
 		if (tfab_barrier(w, on_done, &j))
@@ -1266,6 +1308,44 @@ static int late(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 }
 
 /*
+ * A rank gone while another is alive and late (3 ranks; run with a long TFAB_OP_TIMEOUT_MS):
+ * rank 2 leaves at once, rank 1 starts its 8-byte allreduce only after two seconds. Rank 0's
+ * fails with TFAB_ERR_PEER_FAILED as soon as the engine has seen rank 2 go, before rank 1
+ * starts: not when rank 1 comes, nor by the deadline. Then rank 1's fails too.
+ */
+static atomic_int gone_late_started;
+
+static int gone(struct tfab_context *ctx, struct tfab_world *w, void *arg)
+{
+	int rank = tfab_world_rank(w), status;
+	float v[2];
+
+	(void)ctx;
+	(void)arg;
+	if (rank == 2)
+		return 0; /* leaves the world, and its context goes */
+	if (rank == 1) {
+		usleep(2000000);
+		atomic_store(&gone_late_started, 1);
+	}
+	status = sum2(w, v, "gone");
+	if (status != -TFAB_ERR_PEER_FAILED) {
+		printf("rank %d: with rank 2 gone, the allreduce ended with %s, not "
+		       "TFAB_ERR_PEER_FAILED\n",
+		       rank, sum2_status(status));
+		return 1;
+	}
+	if (rank == 0 && atomic_load(&gone_late_started)) {
+		printf("rank 0: its allreduce failed only once rank 1 had started: rank 2's "
+		       "leaving was not enough\n");
+		return 1;
+	}
+	if (rank == 0)
+		printf("rank 0: gone ok\n");
+	return 0;
+}
+
+/*
  * One rank of a world from the environment: allreduce after allreduce, checked: of 4 MiB
  * around the ring, or with TEST_COLL_COUNT of that many floats by the algorithm the size
  * picks (a few: direct, their operands eager), or with TEST_COLL_RING too around the ring.
@@ -1369,9 +1449,13 @@ int main(int argc, char **argv)
 			printf("OK\n");
 		return rc;
 	}
-	if (argc == 3 && (strcmp(argv[1], "straggler") == 0 || strcmp(argv[1], "late") == 0)) {
+	if (argc == 3 && (strcmp(argv[1], "straggler") == 0 || strcmp(argv[1], "late") == 0 ||
+			  strcmp(argv[1], "gone") == 0)) {
 		int rc = ranks_run_threads(atoi(argv[2]), WAIT_MS,
-					   argv[1][0] == 's' ? straggler : late, NULL);
+					   argv[1][0] == 's'   ? straggler
+					   : argv[1][0] == 'l' ? late
+							       : gone,
+					   NULL);
 
 		if (rc == 0)
 			printf("OK\n");
@@ -1399,7 +1483,8 @@ int main(int argc, char **argv)
 	}
 	if (argc >= 2 && strcmp(argv[1], "env") == 0)
 		return run_env(argc == 3 ? atol(argv[2]) : -1);
-	fprintf(stderr, "usage: %s threads N | straggler N | late N | gpu N | env [ITERS]\n",
+	fprintf(stderr,
+		"usage: %s threads N | straggler N | late N | gone 3 | gpu N | env [ITERS]\n",
 		argv[0]);
 	return 2;
 }

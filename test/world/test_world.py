@@ -104,14 +104,16 @@ def case_missing_rank(port, _provider):
 
 
 def case_settings_differ(port, _provider):
-    """Rank 1 sends small operands as tensors (TFAB_COLL_EAGER=0), rank 0 eager: the join
-    fails on both with TFAB_ERR_CONFIG, naming the setting, rather than collectives that
-    would wait for operands that go another way."""
-    outs = finish([start(0, 2, port), start(1, 2, port, {"TFAB_COLL_EAGER": "0"})])
-    for rank, (rc, out) in enumerate(outs):
-        expect(rc == 3 and "JOIN_FAILED status=TFAB_ERR_CONFIG" in out,
-               "rank %d did not fail with TFAB_ERR_CONFIG" % rank, outs)
-        expect("TFAB_COLL_EAGER" in out, "rank %d does not name the setting" % rank, outs)
+    """Rank 1 sends small operands as tensors (TFAB_COLL_EAGER=0), rank 0 eager; then rank 1
+    without the segments (TFAB_COLL_SHM=0), rank 0 with: each time the join fails on both
+    with TFAB_ERR_CONFIG, naming the setting, rather than collectives that would wait for
+    operands that go another way."""
+    for name in ("TFAB_COLL_EAGER", "TFAB_COLL_SHM"):
+        outs = finish([start(0, 2, port), start(1, 2, port, {name: "0"})])
+        for rank, (rc, out) in enumerate(outs):
+            expect(rc == 3 and "JOIN_FAILED status=TFAB_ERR_CONFIG" in out,
+                   "rank %d did not fail with TFAB_ERR_CONFIG" % rank, outs)
+            expect(name in out, "rank %d does not name %s" % (rank, name), outs)
 
 
 def case_twice_and_wrong_size(port, _provider):
