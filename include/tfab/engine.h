@@ -246,9 +246,9 @@ struct tfab_stats {
 	 */
 	uint64_t gpu_pins;
 	/*
-	 * Allreduces whose operands went through the world's shared segments (every rank on
-	 * this host: TFAB_COLL_SHM) and ended well; their operands' bytes count in
-	 * coll_bytes_wire and coll_bytes_logical once each, as put.
+	 * Allreduces and barriers whose operands went through the world's shared segments
+	 * (every rank on this host: TFAB_COLL_SHM) and ended well; their operands' bytes count
+	 * in coll_bytes_wire and coll_bytes_logical once each, as put.
 	 */
 	uint64_t coll_shm;
 };

@@ -1348,10 +1348,12 @@ int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg)
 {
 	struct tfab_coll *c;
 	int rc = check_world(w, cb);
+	bool fast; /* through the segments, as a small allreduce */
 
 	if (rc)
 		return rc;
-	c = coll_new(w, "barrier", w->size > 1 ? 2 * ((uint32_t)w->size - 1) : 0, cb, arg);
+	fast = w->size > 1 && w->shm_max >= sizeof(c->barrier);
+	c = coll_new(w, "barrier", w->size > 1 && !fast ? 2 * ((uint32_t)w->size - 1) : 0, cb, arg);
 	if (!c)
 		return -ENOMEM;
 	c->op = TFAB_OP_SUM;
@@ -1359,7 +1361,8 @@ int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg)
 	c->esize = 4;
 	c->in = c->out = (uint8_t *)c->barrier;
 	c->nbytes = sizeof(c->barrier);
-	if (w->size > 1)
+	c->fast = fast;
+	if (w->size > 1 && !fast)
 		build_direct_allreduce(c);
 	coll_start(c);
 	return 0;

@@ -273,12 +273,15 @@ int tfab__coll_shm_ready(struct tfab_world *w, uint64_t f, size_t len, int *miss
 			return 0;
 		}
 		if (sl->len != len) {
+			*missing_p = r;
+			/* What a rank that failed left there is not its part of this one. */
+			if (w->rank_failed[r])
+				return w->rank_failed[r];
 			TFAB_WARN(SUBSYS,
 				  "rank %d: allreduce %llu through the segments: rank %d's operand "
 				  "is %u bytes, this rank's %zu (do the ranks run the same "
 				  "collectives?)",
 				  w->rank, (unsigned long long)f, r, sl->len, len);
-			*missing_p = r;
 			return -TFAB_ERR_PROTOCOL;
 		}
 	}

@@ -681,12 +681,15 @@ static int reduce_scatter(struct tfab_world *w)
 /* Shared by the threads: who has entered the barrier. */
 static atomic_int entered[64];
 
-static int barrier(struct tfab_world *w)
+static int barrier(struct tfab_context *ctx, struct tfab_world *w)
 {
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
 	atomic_int order = 0;
 	struct job j = {1, -1, &order};
+	struct tfab_stats s0, s1;
+	uint64_t want = segments_expected(w) ? 1 : 0;
 
+	tfab_get_stats(ctx, &s0);
 	usleep((useconds_t)rank * 30000);
 	atomic_store(&entered[rank], 1);
 	if (tfab_barrier(w, on_done, &j) || wait_all(w, "barrier"))
@@ -699,6 +702,14 @@ static int barrier(struct tfab_world *w)
 	}
 	if (j.status) {
 		printf("rank %d: barrier: %s\n", rank, tfab_strerror(j.status));
+		bad = 1;
+	}
+	/* the way it went: through the segments where small allreduces go that way */
+	tfab_get_stats(ctx, &s1);
+	if (s1.coll_shm - s0.coll_shm != want) {
+		printf("rank %d: the barrier went through the segments %llu times, not %llu\n",
+		       rank, (unsigned long long)(s1.coll_shm - s0.coll_shm),
+		       (unsigned long long)want);
 		bad = 1;
 	}
 	return bad;
@@ -959,7 +970,7 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	bad |= broadcast(w);
 	bad |= allgather(w);
 	bad |= reduce_scatter(w);
-	bad |= barrier(w);
+	bad |= barrier(ctx, w);
 	bad |= compressed(ctx, w);
 	bad |= refused(w);
 	if (rank == 0)
