@@ -923,6 +923,12 @@ static bool fast_poll(struct tfab_world *w)
 	return any;
 }
 
+/* Whether a direct allreduce of nbytes goes through the segments (the same on every rank). */
+static bool via_segments(const struct tfab_world *w, size_t nbytes)
+{
+	return w->size > 1 && nbytes >= 1 && nbytes <= w->shm_max;
+}
+
 /* Number c, and post what needs nothing first. */
 static void coll_start(struct tfab_coll *c)
 {
@@ -1297,7 +1303,7 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 	else
 		o.compress = TFAB_COMPRESS_NONE;
 	ring = tfab__coll_algo(w, inb, count, o.algo) == TFAB_ALGO_RING;
-	fast = w->size > 1 && !ring && !o.compress && inb >= 1 && inb <= w->shm_max;
+	fast = !ring && !o.compress && via_segments(w, inb);
 	if (fast) {
 		nops = 0;
 	} else if (w->size > 1 && ring) {
@@ -1352,7 +1358,7 @@ int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg)
 
 	if (rc)
 		return rc;
-	fast = w->size > 1 && w->shm_max >= sizeof(c->barrier);
+	fast = via_segments(w, sizeof(c->barrier));
 	c = coll_new(w, "barrier", w->size > 1 && !fast ? 2 * ((uint32_t)w->size - 1) : 0, cb, arg);
 	if (!c)
 		return -ENOMEM;

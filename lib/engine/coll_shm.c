@@ -67,13 +67,6 @@ static void on_desc_sent(void *arg, int status)
 	(void)status;
 }
 
-static int remaining(uint64_t deadline)
-{
-	uint64_t now = tfab__now_ms();
-
-	return now >= deadline ? 0 : (int)(deadline - now);
-}
-
 /* Every rank's descriptor into all (this rank's its own), the round's step. */
 static int trade(struct tfab_world *w, int64_t step, int64_t (*all)[4], uint64_t deadline)
 {
@@ -102,14 +95,14 @@ static int trade(struct tfab_world *w, int64_t step, int64_t (*all)[4], uint64_t
 
 		if (r != w->rank)
 			rc = tfab_recv_sync(ctx, w->peers[r], SEG_KEY, step, &d,
-					    remaining(deadline), NULL, NULL);
+					    tfab__ms_until(deadline), NULL, NULL);
 		if (rc)
 			TFAB_ERROR(SUBSYS, "rank %d: rank %d's collective segment: %s", w->rank, r,
 				   tfab_strerror(rc));
 	}
 	/* Ours taken: the descriptor may go. */
 	if (rc == 0)
-		rc = tfab_flush(ctx, remaining(deadline));
+		rc = tfab_flush(ctx, tfab__ms_until(deadline));
 	return rc == -ETIMEDOUT ? -TFAB_ERR_TIMEOUT : rc;
 }
 

@@ -133,15 +133,6 @@ static int same_settings(const struct tfab_world *w)
 	return 0;
 }
 
-static int remaining_ms(uint64_t deadline)
-{
-	uint64_t now = tfab__now_ms();
-
-	if (now >= deadline)
-		return 0;
-	return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
-}
-
 /* A whole decimal number in [lo, hi] from text; -1 where there is none. */
 static int parse_int(const char *text, int lo, int hi)
 {
@@ -204,7 +195,7 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 	for (int r = 0; r < size; r++)
 		fds[r] = -1;
 	have[0] = true;
-	while (arrived < size && remaining_ms(deadline) > 0) {
+	while (arrived < size && tfab__ms_until(deadline) > 0) {
 		struct tfab_auth a;
 		struct rank_rec rec;
 		struct sockaddr_storage ss;
@@ -213,10 +204,10 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 		uint32_t len;
 		int fd, wait_ms;
 
-		if (tfab__sock_accept(lfd, remaining_ms(deadline), &fd))
+		if (tfab__sock_accept(lfd, tfab__ms_until(deadline), &fd))
 			continue;
 		/* A rank says who it is at once: one that stays silent holds up no one for long. */
-		wait_ms = remaining_ms(deadline);
+		wait_ms = tfab__ms_until(deadline);
 		if (wait_ms > (int)ctx->cfg.connect_timeout_ms)
 			wait_ms = (int)ctx->cfg.connect_timeout_ms;
 		rc = tfab__auth_handshake(ctx, fd, true, wait_ms, &a);
@@ -242,7 +233,8 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 			snprintf(why, sizeof(why), "rank %u arrived twice", rec.rank);
 		if (why[0]) {
 			TFAB_ERROR(SUBSYS, "rank 0 refuses a rank: %s", why);
-			answer_error(ctx, fd, &a, -TFAB_ERR_PROTOCOL, why, remaining_ms(deadline));
+			answer_error(ctx, fd, &a, -TFAB_ERR_PROTOCOL, why,
+				     tfab__ms_until(deadline));
 			close(fd);
 			continue;
 		}
@@ -280,7 +272,7 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 			answer_error(ctx, fds[r], &auth[r], rc, why, 1000);
 		else if (tfab__auth_blob_send(ctx, fds[r], &auth[r], msg,
 					      (uint32_t)(1 + (size_t)size * REC_LEN),
-					      remaining_ms(deadline) + 1000))
+					      tfab__ms_until(deadline) + 1000))
 			TFAB_WARN(SUBSYS, "rank 0: rank %d did not take the world's table", r);
 		close(fds[r]);
 	}
@@ -305,15 +297,15 @@ static int meet_through_root(struct tfab_world *w, const uint8_t *mine, uint64_t
 	if (!msg)
 		return -ENOMEM;
 	rc = tfab__sock_connect(ctx->cfg.master_addr, (uint16_t)ctx->cfg.master_port,
-				remaining_ms(deadline), &fd);
+				tfab__ms_until(deadline), &fd);
 	if (rc == 0)
-		rc = tfab__auth_handshake(ctx, fd, false, remaining_ms(deadline), &a);
+		rc = tfab__auth_handshake(ctx, fd, false, tfab__ms_until(deadline), &a);
 	if (rc == 0)
-		rc = tfab__auth_blob_send(ctx, fd, &a, mine, REC_LEN, remaining_ms(deadline));
+		rc = tfab__auth_blob_send(ctx, fd, &a, mine, REC_LEN, tfab__ms_until(deadline));
 	/* Rank 0 answers when all have come, or when it gave up waiting: a little after us. */
 	if (rc == 0)
 		rc = tfab__auth_blob_recv(ctx, fd, &a, msg, (uint32_t)cap, &len,
-					  remaining_ms(deadline) + 2000);
+					  tfab__ms_until(deadline) + 2000);
 	if (fd >= 0)
 		close(fd);
 	if (rc) {
@@ -481,7 +473,7 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 		return -ENOMEM;
 	w->hello = w->rank;
 	for (int j = 0; j < w->rank && rc == 0; j++) {
-		rc = tfab_connect(ctx, w->recs[j].host, w->recs[j].port, remaining_ms(deadline),
+		rc = tfab_connect(ctx, w->recs[j].host, w->recs[j].port, tfab__ms_until(deadline),
 				  &w->peers[j]);
 		if (rc == 0)
 			rc = tfab_send_to(ctx, w->peers[j], HELLO_KEY, 0, &hello, false,
@@ -491,7 +483,7 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 				   w->rank, j, w->recs[j].host, w->recs[j].port, tfab_strerror(rc));
 	}
 	for (int k = 0; k < n_accept && rc == 0; k++) {
-		rc = tfab_accept(ctx, remaining_ms(deadline), &accepted[k]);
+		rc = tfab_accept(ctx, tfab__ms_until(deadline), &accepted[k]);
 		if (rc)
 			TFAB_ERROR(SUBSYS, "rank %d: %d of the %d ranks above it connected: %s",
 				   w->rank, k, n_accept, tfab_strerror(rc));
@@ -500,7 +492,7 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 		DLManagedTensor *t = NULL;
 		int r = -1;
 
-		rc = tfab_recv_sync(ctx, accepted[k], HELLO_KEY, 0, NULL, remaining_ms(deadline),
+		rc = tfab_recv_sync(ctx, accepted[k], HELLO_KEY, 0, NULL, tfab__ms_until(deadline),
 				    &t, NULL);
 		if (rc == 0 && t && t->dl_tensor.ndim == 1 && t->dl_tensor.shape[0] == 1 &&
 		    t->dl_tensor.dtype.code == kDLInt && t->dl_tensor.dtype.bits == 32)
@@ -518,7 +510,7 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 	}
 	/* Our hellos taken: nothing of the join is left in flight. */
 	if (rc == 0)
-		rc = tfab_flush(ctx, remaining_ms(deadline));
+		rc = tfab_flush(ctx, tfab__ms_until(deadline));
 	for (int j = 0; j < w->rank && rc == 0; j++)
 		rc = tfab_peer_status(w->peers[j]);
 	for (int k = 0; k < n_accept; k++) {

@@ -6,6 +6,7 @@
 #ifndef TFAB_UTIL_TIME_H
 #define TFAB_UTIL_TIME_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <time.h>
@@ -36,6 +37,16 @@ static inline uint64_t tfab__coarse_ns(void)
 static inline uint64_t tfab__coarse_ms(void)
 {
 	return tfab__coarse_ns() / 1000000ull;
+}
+
+/* Milliseconds left until deadline (tfab__now_ms's clock), as a timeout argument: 0 once past. */
+static inline int tfab__ms_until(uint64_t deadline)
+{
+	uint64_t now = tfab__now_ms();
+
+	if (now >= deadline)
+		return 0;
+	return deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
 }
 
 /* A condition variable whose timed waits take CLOCK_MONOTONIC deadlines. */
