@@ -71,6 +71,40 @@ struct perf_result {
 	double writes_per_fetch; /* fabric writes of both sides per tensor fetch */
 };
 
+/*
+ * The bandwidth loops' clock. It starts at the first look that finds the warm-up done and
+ * counts only the transfers that completed after that look: one wakeup may report several
+ * completions, so the look can come after more than the warm-up. Where every transfer had
+ * completed by that look (a window as deep as the run, completions reported together), no
+ * later start can be timed, and it counts all of them from the loop's start, warm-up included.
+ */
+struct perf_bw_clock {
+	uint64_t start_ns; /* the loop's start */
+	uint64_t t0_ns;	   /* the first look with the warm-up done; 0: none yet */
+	uint64_t done0;	   /* transfers done at that look */
+};
+
+static inline void perf_bw_look(struct perf_bw_clock *c, uint64_t now_ns, uint64_t done,
+				uint64_t warm)
+{
+	if (!c->t0_ns && done >= warm) {
+		c->t0_ns = now_ns;
+		c->done0 = done;
+	}
+}
+
+/* Gigabits per second over `total` transfers of `size` bytes, the last one done at t1_ns. */
+static inline double perf_bw_gbps(const struct perf_bw_clock *c, size_t size, uint64_t total,
+				  uint64_t t1_ns)
+{
+	bool all_before = !c->t0_ns || c->done0 >= total;
+	uint64_t from = all_before ? c->start_ns : c->t0_ns;
+	uint64_t n = all_before ? total : total - c->done0;
+	uint64_t ns = t1_ns > from ? t1_ns - from : 1;
+
+	return (double)size * (double)n * 8.0 / (double)ns;
+}
+
 /* Runs the raw test over a connected pair; the client fills res. Returns 0 or a status. */
 int perf_raw_run(struct perf_pair *p, const struct perf_opts *o, size_t size,
 		 struct perf_result *res);

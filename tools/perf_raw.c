@@ -200,7 +200,7 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 {
 	struct perf_pair *p = s->p;
 	bool inject = size <= p->caps->inject_size;
-	uint64_t posted = 0, posted_signaled = 0, t0, t1;
+	uint64_t posted = 0, posted_signaled = 0, t0 = 0, t1;
 	unsigned li = perf_lat_iters(s->iters);
 	uint32_t imm = 0;
 	int rc;
@@ -216,7 +216,8 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	/* Bandwidth: keep `window` writes in flight; time from the last warm-up completion. */
 	uint64_t total = (uint64_t)s->warmup + s->iters;
 
-	t0 = 0;
+	struct perf_bw_clock bw = {.start_ns = tfab__now_ns()};
+
 	while (s->done < total) {
 		while (posted < total && posted - s->done < res->window) {
 			rc =
@@ -233,15 +234,13 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 		}
 		if (!raw_poll(s))
 			return s->err;
-		if (!t0 && s->done >= s->warmup)
-			t0 = tfab__now_ns();
+		perf_bw_look(&bw, tfab__now_ns(), s->done, s->warmup);
 	}
 	rc = wait_ctrl(s, &imm);
 	if (rc)
 		return rc;
-	t1 = tfab__now_ns();
 	posted_signaled = posted;
-	res->gbps = (double)size * s->iters * 8.0 / (double)(t1 - t0);
+	res->gbps = perf_bw_gbps(&bw, size, total, tfab__now_ns());
 	res->verified = imm == IMM_ACK_OK;
 	if (imm != IMM_ACK_OK && imm != IMM_ACK_BAD)
 		return -TFAB_ERR_PROTOCOL;

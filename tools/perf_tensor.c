@@ -309,7 +309,7 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	unsigned warm = iters / 10 ? iters / 10 : 1, total = warm + iters;
 	unsigned lat_n = perf_lat_iters(iters), lat_warm = lat_n / 10 ? lat_n / 10 : 1;
 	struct xfer *tx = s->tx, *rx = s->rx;
-	uint64_t posted = 0, t0 = 0, t1, writes = writes_of(s->ctx), peer_writes = 0;
+	uint64_t posted = 0, t0 = 0, writes = writes_of(s->ctx), peer_writes = 0;
 	unsigned depth = s->no_request < window ? s->no_request : window;
 	/*
 	 * In no-request mode a receive's verdict waits for the next control write (up to depth/2
@@ -343,6 +343,8 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 						: (uint64_t)step_base + total + lat_warm;
 #endif
 	/* Bandwidth. */
+	struct perf_bw_clock bw = {.start_ns = tfab__now_ns()};
+
 	while ((client ? s->received : s->sent) < total) {
 		volatile uint64_t *done = client ? &s->received : &s->sent;
 
@@ -360,11 +362,9 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 		}
 		if (!wait_count(s, done, *done + 1))
 			return s->err;
-		if (!t0 && *done >= warm)
-			t0 = tfab__now_ns();
+		perf_bw_look(&bw, tfab__now_ns(), *done, warm);
 	}
-	t1 = tfab__now_ns();
-	res->gbps = (double)size * iters * 8.0 / (double)(t1 - t0 ? t1 - t0 : 1);
+	res->gbps = perf_bw_gbps(&bw, size, total, tfab__now_ns());
 
 	/*
 	 * Latency: ping (client to server) and pong, as a pipeline runs them: each side keeps
