@@ -34,10 +34,39 @@ static const uint16_t allowed_flags[] = {
 
 /* Writing: the caller has checked the room, so the cursor only advances. */
 
+/*
+ * The widths the codec writes, spelled out as le_at's below are, so that the compiler merges
+ * each into one store: a byte loop (about 40 instructions for an 8-byte field) was half of a
+ * request's encoding.
+ */
+static inline void st_le(uint8_t *p, uint64_t v, size_t n)
+{
+	switch (n) {
+	case 8:
+		p[4] = (uint8_t)(v >> 32);
+		p[5] = (uint8_t)(v >> 40);
+		p[6] = (uint8_t)(v >> 48);
+		p[7] = (uint8_t)(v >> 56);
+		/* fall through */
+	case 4:
+		p[2] = (uint8_t)(v >> 16);
+		p[3] = (uint8_t)(v >> 24);
+		/* fall through */
+	case 2:
+		p[1] = (uint8_t)(v >> 8);
+		/* fall through */
+	case 1:
+		p[0] = (uint8_t)v;
+		break;
+	default:
+		for (size_t i = 0; i < n; i++)
+			p[i] = (uint8_t)(v >> (8 * i));
+	}
+}
+
 static uint8_t *put_le(uint8_t *p, uint64_t v, size_t n)
 {
-	for (size_t i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
+	st_le(p, v, n);
 	return p + n;
 }
 
