@@ -414,6 +414,7 @@ int tfab_context_create_with(struct tfab_context **ctx_p, const char *const *nam
 	pthread_mutex_init(&ctx->lock, NULL);
 	/* A send is kilobytes (its key, twice): beyond what malloc keeps at hand per size. */
 	ctx->send_fl = TFAB_FREELIST_INIT(struct tfab_send, 16);
+	ctx->parked_fl = TFAB_FREELIST_INIT(struct tfab_response, 16);
 	/* Blocking receives wait on it with deadlines from tfab__now_ms(). */
 	tfab__cond_init_monotonic(&ctx->cond);
 	tfab__list_init(&ctx->peers);
@@ -469,6 +470,7 @@ err:
 	tfab__htable_fini(&ctx->sends);
 	tfab__htable_fini(&ctx->parked);
 	tfab__freelist_fini(&ctx->send_fl);
+	tfab__freelist_fini(&ctx->parked_fl);
 	tfab__paths_close(ctx);
 	tfab__cuda_close(ctx->cuda);
 	tfab__auth_unload(ctx);
@@ -619,6 +621,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	tfab__htable_fini(&ctx->sends);
 	tfab__htable_fini(&ctx->parked);
 	tfab__freelist_fini(&ctx->send_fl);
+	tfab__freelist_fini(&ctx->parked_fl);
 	free(ctx->peer_by_id);
 	free(ctx->reqs);
 	free(ctx->req_gen);

@@ -604,11 +604,12 @@ static void fill_push(struct slot_fill *f, size_t len)
  */
 static void fill_taken(struct tfab_peer *peer, struct slot_fill *f)
 {
-	struct tfab_wire_msg t = {.type = TFAB_MSG_TAKEN};
 	size_t room = SLOT_SIZE - f->len, n, tlen;
+	struct tfab_wire_msg t;
 
 	if (!batches(peer) || !peer->ntaken || room < TFAB_WIRE_MSG_HDR + 6)
-		return;
+		return; /* before t is cleared: a message is some 500 bytes */
+	t = (struct tfab_wire_msg){.type = TFAB_MSG_TAKEN};
 	n = (room - TFAB_WIRE_MSG_HDR - 6) / 4 + 1;
 	if (n > peer->ntaken)
 		n = peer->ntaken;

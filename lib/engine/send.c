@@ -106,7 +106,7 @@ static void parked_free(struct tfab_context *ctx, struct tfab_response *p)
 {
 	tfab__htable_remove(&ctx->parked, &p->node);
 	tfab__htable_remove(&p->peer->answers, &p->inode);
-	free(p);
+	tfab__freelist_put(&ctx->parked_fl, p);
 }
 
 /* The send answers s->resp with content or a complete META_DATA: the verdict will name it. */
@@ -226,7 +226,7 @@ static void take_parked(struct tfab_context *ctx, struct tfab_send *s, struct tf
 	/* all but its key (the send's own) */
 	memcpy(&s->resp, p, offsetof(struct tfab_response, key_len));
 	s->resp.send = s;
-	free(p);
+	tfab__freelist_put(&ctx->parked_fl, p);
 }
 
 /*
@@ -517,7 +517,7 @@ static void answer(struct tfab_context *ctx, struct tfab_send *s)
 static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct tfab_wire_msg *m,
 		 uint64_t h)
 {
-	struct tfab_response *p = malloc(sizeof(*p));
+	struct tfab_response *p = tfab__freelist_get(&ctx->parked_fl);
 
 	if (!p) {
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
@@ -535,13 +535,13 @@ static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct 
 	p->key_len = m->key_len;
 	memcpy(p->key, m->key, m->key_len);
 	if (tfab__htable_insert(&peer->answers, &p->inode, index_hash(p->req_index))) {
-		free(p);
+		tfab__freelist_put(&ctx->parked_fl, p);
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
 		return;
 	}
 	if (tfab__htable_insert(&ctx->parked, &p->node, h)) {
 		tfab__htable_remove(&peer->answers, &p->inode);
-		free(p);
+		tfab__freelist_put(&ctx->parked_fl, p);
 		reply_error(peer, m->req_index, -ENOMEM, "the sender is out of memory");
 		return;
 	}
@@ -887,7 +887,7 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 		doomed = doomed->next;
 		reply_error(p->peer, p->req_index, status,
 			    "the sender cleaned up or aborted the step");
-		free(p);
+		tfab__freelist_put(&ctx->parked_fl, p);
 	}
 }
 
