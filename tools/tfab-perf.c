@@ -96,7 +96,9 @@ static void usage(FILE *f)
 	    "  -n, --iters N        transfers per size (default about 2 GiB per size, at least 32\n"
 	    "                       and at most 100000), after a tenth as many to warm up\n"
 	    "  -w, --window N       transfers in flight for bandwidth (default 16, but at most\n"
-	    "                       256 MiB and at least 2 in flight; tensor: at most 64)\n"
+	    "                       256 MiB and at least 2 in flight; tensor: at most 64);\n"
+	    "                       memcpy: destinations copied into in turn (default 1, at\n"
+	    "                       most 256 MiB of them)\n"
 	    "  -p, --provider P     TFAB_PROVIDER for this run: auto, verbs, ofi, ofi:<name>\n"
 	    "                       (default: TFAB_PROVIDER from the environment, else auto)\n"
 	    "      --verify         check every byte that arrives (default off): raw checks the\n"
@@ -127,9 +129,10 @@ static void usage(FILE *f)
 	    "(null without --verify); tensor adds copies, meta_misses and writes_per_fetch (fabric "
 	    "writes of\n"
 	    "both sides per tensor fetch, over the size's fetches). memcpy rows have\n"
-	    "backend memcpy, window 1 and lat_us the time of one copy; -n, -s and --verify\n"
-	    "apply to them, the fabric's options do not. allreduce objects have test, path,\n"
-	    "algo, bytes, ranks, iters, lat_us, algbw_GBps, busbw_GBps and verified.\n");
+	    "backend memcpy, window the destinations and lat_us the time of one copy; -n, -s,\n"
+	    "-w and --verify apply to them, the fabric's options do not. allreduce objects\n"
+	    "have test, path, algo, bytes, ranks, iters, lat_us, algbw_GBps, busbw_GBps and\n"
+	    "verified.\n");
 }
 
 static int parse_sizes(const char *text, struct perf_opts *o)

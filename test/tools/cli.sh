@@ -137,7 +137,8 @@ opts = {k: " ".join(v.split()) for k, v in opts.items()}
 want = {
     "--sizes": "(default 8,4K,64K,1M,64M)",
     "--iters": "(default about 2 GiB per size, at least 32 and at most 100000)",
-    "--window": "(default 16, but at most 256 MiB and at least 2 in flight; tensor: at most 64)",
+    "--window": "(default 16, but at most 256 MiB and at least 2 in flight; tensor: at most 64); "
+                "memcpy: destinations copied into in turn (default 1, at most 256 MiB of them)",
     "--provider": "(default: TFAB_PROVIDER from the environment, else auto)",
     "--verify": "(default off)",
     "--heap-dst": "(default off)",
@@ -195,6 +196,18 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["verified"] for r in rows] == [False, True], rows
 ' "$out/damaged"
 check "... and saying so" grep -q 'the 8-byte copy differs from its source' "$out/err"
+# -w: copies into that many destinations in turn, each checked, at most 256 MiB of them.
+"$bin/tfab-perf" memcpy -s 4K,64M -w 5 -n 12 --verify --json >"$out/memcpy" 2>"$out/err"
+check "tfab-perf memcpy -w 5 --verify copies into 5 destinations in turn" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["bytes"], r["iters"], r["window"], r["verified"]) for r in rows] == \
+    [(4096, 12, 5, True), (64 << 20, 12, 4, True)], rows
+' "$out/memcpy"
+# 1 warm-up and 11 timed copies into 3 destinations: the last copy, the spoiled one, went
+# into the second destination, which --verify must check too.
+"$bin/tfab-perf-damaged" memcpy -s 4K -w 3 -n 11 --verify --json >"$out/damaged" 2>"$out/err"
+check "tfab-perf memcpy -w 3 --verify finds a spoiled copy in a later destination" [ $? = 1 ]
 "$bin/tfab-perf" memcpy --connect 127.0.0.1:1 >/dev/null 2>"$out/err"
 check "tfab-perf memcpy --connect is refused" [ $? = 2 ]
 check "... saying why" grep -q 'memcpy runs in one process' "$out/err"
