@@ -251,6 +251,14 @@ struct tfab_stats {
 	 * in coll_bytes_wire and coll_bytes_logical once each, as put.
 	 */
 	uint64_t coll_shm;
+	/*
+	 * Peers let go while they might still have been writing to this context: a request of
+	 * ours, or a CANCEL of ours it had not read, was out when it failed or was destroyed.
+	 * Their connections are cut; on libfabric's tcp the endpoint then stays open until the
+	 * process ends (libfabric 1.17 crashes closing one in the middle of a write). Leaving a
+	 * live peer cancels our requests and waits up to 2 s for it to read the CANCELs.
+	 */
+	uint64_t peers_cut;
 };
 
 TFAB_EXPORT int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p);

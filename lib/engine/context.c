@@ -585,11 +585,14 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
 
 			/*
-			 * our writes, our TAKEN messages (its sends are delivered on them) and
-			 * our messages queued for credit (a collective's eager operands)
+			 * our writes, our TAKEN messages (its sends are delivered on them), our
+			 * messages queued for credit (a collective's eager operands), and the
+			 * CANCELs of our requests (the abort's), until it has read them: then it
+			 * writes nothing more to us, and its connection is not cut
 			 */
 			busy = peer->users != 0 ||
-			       ((peer->ntaken || !tfab__list_empty(&peer->pending)) &&
+			       ((peer->ntaken || !tfab__list_empty(&peer->pending) ||
+				 peer->ncancelled) &&
 				peer->connected && !peer->failed);
 		}
 		if (!busy || tfab__now_ms() > deadline)

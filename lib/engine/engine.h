@@ -111,6 +111,7 @@ struct tfab_peer {
 	struct tfab_mr *inbox_mrs[TFAB_MAX_PATHS]; /* until then, on every path */
 	uint32_t rx_next;	/* next sequence number of the contiguous prefix */
 	uint32_t rx_unreturned; /* consumed, credit not yet returned */
+	bool credit_due;	/* a CANCEL was read: credits go back now, not by the batch */
 	uint8_t *rx_consumed;	/* per slot: consumed out of order */
 	/* Our outbox: the source of our messages to the peer. */
 	uint8_t *outbox;
@@ -171,7 +172,11 @@ struct tfab_peer {
 	struct tfab_htable key_names;
 	unsigned users; /* in-flight writes to this peer not yet completed */
 	bool zombie;	/* freed by the application with users: on ctx->zombies until they end */
-	bool cut;	/* failed with requests of ours out: it may stop in the middle of a write */
+	/*
+	 * Failed with requests of ours out, or CANCELs of ours it had not read: it may stop in
+	 * the middle of a write to us.
+	 */
+	bool cut;
 	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
 	struct tfab_wctx inject_w; /* TFAB_WCTX_INJECTED: of content written by inject */
 };

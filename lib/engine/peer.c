@@ -164,8 +164,10 @@ void tfab__peer_free(struct tfab_peer *peer)
 	free(peer->taken);
 	peer->taken = NULL;
 	peer->ntaken = 0;
-	if (peer->conn && cut)
+	if (peer->conn && cut) {
+		ctx->stats.peers_cut++;
 		tfab_conn_cut(peer->conn);
+	}
 	if (peer->conn)
 		tfab_conn_disconnect(peer->conn);
 	/* Never on a path of ours, it had the keys of all: it may have written on any. */
@@ -421,19 +423,28 @@ static void peer_flush(struct tfab_peer *peer);
  * Our messages queued behind the credit window, and our TAKEN messages for what the peer
  * sent, go before we leave it: its sends are delivered only on TAKEN (a receive that
  * completed in the application's last progress call holds its TAKEN), and a collective's
- * eager operand (COLL_DATA) has ended at our end once it is queued. At most 2 s, waiting
- * for credit.
+ * eager operand (COLL_DATA) has ended at our end once it is queued. Our requests to it end
+ * with a CANCEL (those posted ahead of their receives too, which no-request mode keeps
+ * standing), and we wait until it has read them, as its credits tell: from then on it
+ * writes nothing more to us, and its connection closes as any other's (not cut). At most
+ * 2 s in all, waiting for credit.
  */
-static void peer_send_held_taken(struct tfab_peer *peer)
+static void peer_leave(struct tfab_peer *peer)
 {
 	uint64_t deadline = tfab__now_ms() + 2000;
 
-	while ((peer->ntaken || !tfab__list_empty(&peer->pending)) && peer->connected &&
-	       !peer->failed) {
+	if (!peer->connected || peer->failed)
+		return;
+	while (!tfab__list_empty(&peer->requests) && !peer->failed)
+		tfab__request_fail(
+		    tfab_container_of(peer->requests.next, struct tfab_request, link),
+		    -TFAB_ERR_ABORTED, true);
+	while ((peer->ntaken || !tfab__list_empty(&peer->pending) || peer->ncancelled) &&
+	       peer->connected && !peer->failed) {
 		peer_flush(peer);
 		if (peer->ntaken)
 			peer_send_taken(peer);
-		if ((!peer->ntaken && tfab__list_empty(&peer->pending)) ||
+		if ((!peer->ntaken && tfab__list_empty(&peer->pending) && !peer->ncancelled) ||
 		    tfab__now_ms() >= deadline)
 			break;
 		tfab__progress_locked(peer->ctx);
@@ -448,7 +459,7 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 		return 0;
 	ctx = peer->ctx;
 	tfab__ctx_lock(ctx);
-	peer_send_held_taken(peer);
+	peer_leave(peer);
 	tfab__peer_fail(peer, -TFAB_ERR_ABORTED);
 	if (!peer_drain(peer))
 		TFAB_WARN(SUBSYS, "peer %u: writes still in flight after 2 s; freeing anyway",
@@ -844,8 +855,9 @@ static void peer_return_credits(struct tfab_peer *peer)
 	 * In batches of a quarter ring: never a deadlock, since a sender out of credit means
 	 * this side has consumed (or will) a whole ring and so holds at least a batch.
 	 */
-	if (peer->rx_unreturned < (batch ? batch : 1))
+	if (peer->rx_unreturned < (batch ? batch : 1) && !(peer->credit_due && peer->rx_unreturned))
 		return;
+	peer->credit_due = false;
 	while (peer->rx_unreturned && peer->connected && !peer->failed) {
 		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
 		bool inject = peer->path->caps->inject_size > 0;
@@ -1061,6 +1073,8 @@ static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 		break;
 	case TFAB_MSG_CANCEL:
 		tfab__send_on_cancel(peer, m->req_index);
+		/* its writer may be waiting to let the destination go, or to leave */
+		peer->credit_due = true;
 		break;
 	case TFAB_MSG_TAKEN:
 		for (unsigned i = 0; i < m->ntaken && !peer->failed; i++)
@@ -1236,7 +1250,8 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 	if (peer->failed)
 		return;
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
-	peer->cut = !tfab__list_empty(&peer->requests);
+	/* as tfab__peer_free reckons for a peer that has not failed */
+	peer->cut = !tfab__list_empty(&peer->requests) || peer->ncancelled || peer->nheld_dests;
 	/* No more heartbeats, and the end of the connection: the peer learns it too. */
 	if (peer->sock >= 0) {
 		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);

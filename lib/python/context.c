@@ -1044,14 +1044,14 @@ static PyObject *context_stats(struct tfabpy_context *c, PyObject *unused)
 	if (rc)
 		return tfabpy_raise(rc, "stats");
 #define S(f) #f, (unsigned long long)s.f
-	return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,"
-			     "s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
-			     S(bytes_sent), S(bytes_received), S(sends), S(requests), S(meta_hits),
-			     S(meta_misses), S(rerequests), S(mr_hits), S(mr_misses),
-			     S(mr_registrations), S(bytes_copied), S(ctrl_messages),
-			     S(writes_content), S(writes_ctrl), S(writes_credit), S(meta_evictions),
-			     S(bytes_ctrl), S(requests_ahead), S(ahead_taken), S(refused),
-			     S(coll_bytes_wire), S(coll_bytes_logical), S(gpu_pins), S(coll_shm));
+	return Py_BuildValue(
+	    "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,"
+	    "s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
+	    S(bytes_sent), S(bytes_received), S(sends), S(requests), S(meta_hits), S(meta_misses),
+	    S(rerequests), S(mr_hits), S(mr_misses), S(mr_registrations), S(bytes_copied),
+	    S(ctrl_messages), S(writes_content), S(writes_ctrl), S(writes_credit),
+	    S(meta_evictions), S(bytes_ctrl), S(requests_ahead), S(ahead_taken), S(refused),
+	    S(coll_bytes_wire), S(coll_bytes_logical), S(gpu_pins), S(coll_shm), S(peers_cut));
 #undef S
 }
 

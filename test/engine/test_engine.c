@@ -2485,6 +2485,54 @@ static int sc_leave_after_recv(struct mp *mp)
 }
 
 /*
+ * A receiver in no-request mode leaves its peer (tfab_peer_destroy) while requests stand
+ * ahead at it, the peer alive and polling: leaving cancels them and waits for the peer to
+ * read the CANCELs, so the peer is known to write nothing more and its connection is not cut
+ * (tfab_stats.peers_cut; on libfabric's tcp a cut one leaves the endpoint open until the
+ * process ends, with a warning at every tfab-perf --no-request run's end).
+ */
+static int sc_leave_standing(struct mp *mp)
+{
+	static int32_t vals[3] = {11, 12, 13};
+	int64_t one = 1;
+
+	if (mp->rank == 1) {
+		struct done d = {0};
+
+		for (int i = 0; i < 3; i++) {
+			DLTensor t = int32_scalar(&vals[i], &one);
+
+			CHECK_RC(tfab_send(mp->ctx, "standing", i + 1, &t, false, on_sent, &d), 0);
+		}
+		CHECK(wait_n(mp, &d, 3));
+		CHECK(d.errors == 0);
+		/* polling (reading the CANCELs) until rank 0 has left */
+		CHECK_RC(mp_wait_note(mp, 0, "left", 0), 0);
+		return 0;
+	}
+	struct tfab_stats s0, s1;
+	DLManagedTensor *m = NULL;
+
+	CHECK_RC(tfab_recv_ahead(mp->ctx, mp->peers[1], "standing", 8), 0);
+	for (int i = 0; i < 3; i++) {
+		CHECK_RC(recv_one(mp, 1, "standing", i + 1, &m, NULL), 0);
+		CHECK(*(int32_t *)m->dl_tensor.data == vals[i]);
+		m->deleter(m);
+	}
+	CHECK_RC(tfab_get_stats(mp->ctx, &s0), 0);
+	CHECK(s0.requests_ahead > 0); /* steps 4 on stand at rank 1 */
+	CHECK_RC(tfab_peer_destroy(mp->peers[1]), 0);
+	mp->peers[1] = NULL;
+	CHECK_RC(tfab_get_stats(mp->ctx, &s1), 0);
+	if (s1.peers_cut != s0.peers_cut) {
+		fprintf(stderr, "rank 0: the peer left with requests standing was cut\n");
+		return 1;
+	}
+	CHECK_RC(mp_note(mp, "left"), 0);
+	return 0;
+}
+
+/*
  * This process destroys its peer object for a process that has just asked it for a tensor,
  * and that then leaves; this process goes on polling. Its request, the first write it made to
  * us and still unread, must be dropped quietly (on shm it carries a connection request for a
@@ -4089,6 +4137,7 @@ static const struct mp_scenario scenarios[] = {
 		   "libfabric.so.1+0xb7882, or a heap that glibc later finds corrupted), which "
 		   "this scenario does eight times (doc/verbs-vm.md)"},
     {.name = "leave_after_recv", .nranks = 2, .fn = sc_leave_after_recv, .no_barrier = true},
+    {.name = "leave_standing", .nranks = 2, .fn = sc_leave_standing, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
     {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},
