@@ -256,7 +256,8 @@ struct tfab_stats {
 	 * ours, or a CANCEL of ours it had not read, was out when it failed or was destroyed.
 	 * Their connections are cut; on libfabric's tcp the endpoint then stays open until the
 	 * process ends (libfabric 1.17 crashes closing one in the middle of a write). Leaving a
-	 * live peer cancels our requests and waits up to 2 s for it to read the CANCELs.
+	 * live peer cancels our requests and waits for it to read the CANCELs: up to 2 s
+	 * (tfab_peer_destroy), 1 s for all of them (tfab_context_destroy).
 	 */
 	uint64_t peers_cut;
 };

@@ -111,8 +111,12 @@ struct tfab_peer {
 	struct tfab_mr *inbox_mrs[TFAB_MAX_PATHS]; /* until then, on every path */
 	uint32_t rx_next;	/* next sequence number of the contiguous prefix */
 	uint32_t rx_unreturned; /* consumed, credit not yet returned */
-	bool credit_due;	/* a CANCEL was read: credits go back now, not by the batch */
-	uint8_t *rx_consumed;	/* per slot: consumed out of order */
+	/*
+	 * One past the slot of the last CANCEL read: credits up to it go back at the next flush,
+	 * not by the batch (its writer waits for them to let a destination go, or to leave).
+	 */
+	uint32_t credit_due_seq;
+	uint8_t *rx_consumed; /* per slot: consumed out of order */
 	/* Our outbox: the source of our messages to the peer. */
 	uint8_t *outbox;
 	struct tfab_mr *outbox_mr;

@@ -122,8 +122,9 @@ void tfab__peer_free(struct tfab_peer *peer)
 	 * it has not said it read (what it wrote before the CANCEL may still be coming). A peer
 	 * that left with nothing of ours out finished its writes first.
 	 */
-	cut = peer->cut || (!peer->failed && (!tfab__list_empty(&peer->requests) ||
-					      peer->ncancelled || peer->nheld_dests));
+	cut = peer->cut ||
+	      (!peer->failed && (!tfab__list_empty(&peer->requests) || peer->ncancelled ||
+				 peer->cancelled_lost || peer->nheld_dests));
 	if (ctx->peer_by_id && peer->id < ctx->peer_cap && ctx->peer_by_id[peer->id] == peer)
 		ctx->peer_by_id[peer->id] = NULL;
 	tfab__list_del(&peer->link);
@@ -855,9 +856,11 @@ static void peer_return_credits(struct tfab_peer *peer)
 	 * In batches of a quarter ring: never a deadlock, since a sender out of credit means
 	 * this side has consumed (or will) a whole ring and so holds at least a batch.
 	 */
-	if (peer->rx_unreturned < (batch ? batch : 1) && !(peer->credit_due && peer->rx_unreturned))
+	/* credits returned so far, against those through the last CANCEL read */
+	bool due = (int32_t)(peer->credit_due_seq - (peer->rx_next - peer->rx_unreturned)) > 0;
+
+	if (peer->rx_unreturned < (batch ? batch : 1) && !(due && peer->rx_unreturned))
 		return;
-	peer->credit_due = false;
 	while (peer->rx_unreturned && peer->connected && !peer->failed) {
 		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
 		bool inject = peer->path->caps->inject_size > 0;
@@ -924,17 +927,39 @@ void tfab__peer_on_write_done(struct tfab_outbox_slot *slot, int status)
 	tfab__peer_unuse(slot->peer);
 }
 
+/*
+ * One past the slot the message just sent or queued goes in, which the peer's credits reach
+ * once it has read it: the slot before tx_seq, or, queued, the last of the slots the queue
+ * takes, packed as peer_flush packs them (as many messages to a slot as fit, in order, with
+ * batching; one each without). A count of one slot per queued message would name slots
+ * never sent, whose credits never come.
+ */
+static uint32_t last_msg_seq(const struct tfab_peer *peer)
+{
+	bool batch = batches(peer);
+	uint32_t slots = 0;
+	size_t len = 0;
+
+	for (const struct tfab_list *l = peer->pending.next; l != &peer->pending; l = l->next) {
+		const struct tfab_pending_msg *pm =
+		    tfab_container_of(l, const struct tfab_pending_msg, link);
+
+		if (!slots || !batch || len + pm->len > SLOT_SIZE) {
+			slots++;
+			len = 0;
+		}
+		len += pm->len;
+	}
+	return peer->tx_seq + slots;
+}
+
 /* Destinations held for the peer's verdict on their CANCEL. */
 
 void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf)
 {
 	struct tfab_held_dest *h;
-	uint32_t seq = peer->tx_seq;
-	struct tfab_list *l;
+	uint32_t seq = last_msg_seq(peer);
 
-	/* The CANCEL went in the slot before tx_seq, or waits: each queued message one slot. */
-	for (l = peer->pending.next; l != &peer->pending; l = l->next)
-		seq++;
 	if (peer->nheld_dests == peer->held_dests_cap) {
 		uint32_t cap = peer->held_dests_cap ? peer->held_dests_cap * 2 : 16;
 
@@ -947,16 +972,6 @@ void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf)
 		peer->held_dests_cap = cap;
 	}
 	peer->held_dests[peer->nheld_dests++] = (struct tfab_held_dest){.buf = buf, .seq = seq};
-}
-
-/* The seq of the slot a message just sent or queued goes in: each queued one takes a slot. */
-static uint32_t last_msg_seq(const struct tfab_peer *peer)
-{
-	uint32_t seq = peer->tx_seq;
-
-	for (const struct tfab_list *l = peer->pending.next; l != &peer->pending; l = l->next)
-		seq++;
-	return seq;
 }
 
 void tfab__peer_cancelled(struct tfab_peer *peer, uint32_t index)
@@ -1074,7 +1089,8 @@ static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 	case TFAB_MSG_CANCEL:
 		tfab__send_on_cancel(peer, m->req_index);
 		/* its writer may be waiting to let the destination go, or to leave */
-		peer->credit_due = true;
+		if ((int32_t)(m->seq + 1 - peer->credit_due_seq) > 0)
+			peer->credit_due_seq = m->seq + 1;
 		break;
 	case TFAB_MSG_TAKEN:
 		for (unsigned i = 0; i < m->ntaken && !peer->failed; i++)
@@ -1251,7 +1267,8 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 		return;
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
 	/* as tfab__peer_free reckons for a peer that has not failed */
-	peer->cut = !tfab__list_empty(&peer->requests) || peer->ncancelled || peer->nheld_dests;
+	peer->cut = !tfab__list_empty(&peer->requests) || peer->ncancelled ||
+		    peer->cancelled_lost || peer->nheld_dests;
 	/* No more heartbeats, and the end of the connection: the peer learns it too. */
 	if (peer->sock >= 0) {
 		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);

@@ -2489,42 +2489,56 @@ static int sc_leave_after_recv(struct mp *mp)
  * ahead at it, the peer alive and polling: leaving cancels them and waits for the peer to
  * read the CANCELs, so the peer is known to write nothing more and its connection is not cut
  * (tfab_stats.peers_cut; on libfabric's tcp a cut one leaves the endpoint open until the
- * process ends, with a warning at every tfab-perf --no-request run's end).
+ * process ends, with a warning at every tfab-perf --no-request run's end). Eight keys of
+ * eight standing: their CANCELs outrun the credit window (64 slots), and those queued share
+ * slots, so each one's slot must be reckoned as the queue is packed (counted one slot each,
+ * the credits for slots never sent never came, and the peer was cut after 2 s).
  */
 static int sc_leave_standing(struct mp *mp)
 {
-	static int32_t vals[3] = {11, 12, 13};
+	enum { KEYS = 8, DEPTH = 8 };
+	static int32_t vals[KEYS];
 	int64_t one = 1;
+	char key[32];
 
 	if (mp->rank == 1) {
 		struct done d = {0};
 
-		for (int i = 0; i < 3; i++) {
-			DLTensor t = int32_scalar(&vals[i], &one);
+		for (int k = 0; k < KEYS; k++) {
+			DLTensor t;
 
-			CHECK_RC(tfab_send(mp->ctx, "standing", i + 1, &t, false, on_sent, &d), 0);
+			vals[k] = 100 + k;
+			t = int32_scalar(&vals[k], &one);
+			snprintf(key, sizeof(key), "standing%d", k);
+			for (int step = 1; step <= 2; step++)
+				CHECK_RC(tfab_send(mp->ctx, key, step, &t, false, on_sent, &d), 0);
 		}
-		CHECK(wait_n(mp, &d, 3));
+		CHECK(wait_n(mp, &d, 2 * KEYS));
 		CHECK(d.errors == 0);
 		/* polling (reading the CANCELs) until rank 0 has left */
 		CHECK_RC(mp_wait_note(mp, 0, "left", 0), 0);
 		return 0;
 	}
-	struct tfab_stats s0, s1;
+	struct tfab_stats s0, s1, s2;
 	DLManagedTensor *m = NULL;
 
-	CHECK_RC(tfab_recv_ahead(mp->ctx, mp->peers[1], "standing", 8), 0);
-	for (int i = 0; i < 3; i++) {
-		CHECK_RC(recv_one(mp, 1, "standing", i + 1, &m, NULL), 0);
-		CHECK(*(int32_t *)m->dl_tensor.data == vals[i]);
-		m->deleter(m);
-	}
 	CHECK_RC(tfab_get_stats(mp->ctx, &s0), 0);
-	CHECK(s0.requests_ahead > 0); /* steps 4 on stand at rank 1 */
+	for (int k = 0; k < KEYS; k++) {
+		snprintf(key, sizeof(key), "standing%d", k);
+		CHECK_RC(tfab_recv_ahead(mp->ctx, mp->peers[1], key, DEPTH), 0);
+		/* step 1 learns the meta-data, 2 posts the steps after it ahead */
+		for (int step = 1; step <= 2; step++) {
+			CHECK_RC(recv_one(mp, 1, key, step, &m, NULL), 0);
+			CHECK(*(int32_t *)m->dl_tensor.data == 100 + k);
+			m->deleter(m);
+		}
+	}
+	CHECK_RC(tfab_get_stats(mp->ctx, &s1), 0);
+	CHECK(s1.requests_ahead - s0.requests_ahead >= KEYS * DEPTH);
 	CHECK_RC(tfab_peer_destroy(mp->peers[1]), 0);
 	mp->peers[1] = NULL;
-	CHECK_RC(tfab_get_stats(mp->ctx, &s1), 0);
-	if (s1.peers_cut != s0.peers_cut) {
+	CHECK_RC(tfab_get_stats(mp->ctx, &s2), 0);
+	if (s2.peers_cut != s1.peers_cut) {
 		fprintf(stderr, "rank 0: the peer left with requests standing was cut\n");
 		return 1;
 	}
