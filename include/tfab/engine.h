@@ -257,7 +257,8 @@ struct tfab_stats {
 	 * Their connections are cut; on libfabric's tcp the endpoint then stays open until the
 	 * process ends (libfabric 1.17 crashes closing one in the middle of a write). Leaving a
 	 * live peer cancels our requests and waits for it to read the CANCELs: up to 2 s
-	 * (tfab_peer_destroy), 1 s for all of them (tfab_context_destroy).
+	 * (tfab_peer_destroy), 1 s for all of them (tfab_context_destroy), and no longer than
+	 * 100 ms without a credit from it.
 	 */
 	uint64_t peers_cut;
 };

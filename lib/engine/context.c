@@ -545,7 +545,7 @@ int tfab_abort(struct tfab_context *ctx, int status)
 
 int tfab_context_destroy(struct tfab_context *ctx)
 {
-	uint64_t deadline, out;
+	uint64_t deadline, quiet, acked = UINT64_MAX, out;
 	unsigned n;
 
 	if (!ctx)
@@ -577,9 +577,19 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	 * finish.
 	 */
 	deadline = tfab__now_ms() + 1000;
+	quiet = tfab__now_ms() + TFAB_LEAVE_QUIET_MS;
 	for (;;) {
 		bool busy = ctx->orphans != 0;
+		uint64_t now = tfab__now_ms(), credits = 0;
 		struct tfab_list *l;
+
+		/* CANCELs wait for their reading only while credits keep coming (peer_leave) */
+		for (l = ctx->peers.next; l != &ctx->peers; l = l->next)
+			credits += tfab_container_of(l, struct tfab_peer, link)->tx_acked;
+		if (credits != acked) {
+			acked = credits;
+			quiet = now + TFAB_LEAVE_QUIET_MS;
+		}
 
 		for (l = ctx->peers.next; l != &ctx->peers && !busy; l = l->next) {
 			struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
@@ -592,10 +602,10 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			 */
 			busy = peer->users != 0 ||
 			       ((peer->ntaken || !tfab__list_empty(&peer->pending) ||
-				 peer->ncancelled) &&
+				 (peer->ncancelled && now < quiet)) &&
 				peer->connected && !peer->failed);
 		}
-		if (!busy || tfab__now_ms() > deadline)
+		if (!busy || now > deadline)
 			break;
 		tfab__progress_locked(ctx);
 	}

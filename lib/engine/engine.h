@@ -89,6 +89,13 @@ struct tfab_held_dest {
 	uint32_t seq; /* back to the pool once tx_acked reaches it */
 };
 
+/*
+ * Leaving a live peer waits for it to read our CANCELs (tfab_peer_destroy, destroying the
+ * context), but no longer than this without a credit from it: one cut off or stopped never
+ * answers, and the leave must not hold back the failures it reports.
+ */
+#define TFAB_LEAVE_QUIET_MS 100
+
 struct tfab_peer {
 	struct tfab_context *ctx;
 	struct tfab_list link;	/* ctx->peers */

@@ -424,15 +424,17 @@ static void peer_flush(struct tfab_peer *peer);
  * Our messages queued behind the credit window, and our TAKEN messages for what the peer
  * sent, go before we leave it: its sends are delivered only on TAKEN (a receive that
  * completed in the application's last progress call holds its TAKEN), and a collective's
- * eager operand (COLL_DATA) has ended at our end once it is queued. Our requests to it end
- * with a CANCEL (those posted ahead of their receives too, which no-request mode keeps
- * standing), and we wait until it has read them, as its credits tell: from then on it
- * writes nothing more to us, and its connection closes as any other's (not cut). At most
- * 2 s in all, waiting for credit.
+ * eager operand (COLL_DATA) has ended at our end once it is queued. At most 2 s, waiting for
+ * credit. Our requests to it end with a CANCEL (those posted ahead of their receives too,
+ * which no-request mode keeps standing), and we wait until it has read them, as its credits
+ * tell: from then on it writes nothing more to us, and its connection closes as any other's
+ * (not cut). That wait ends too once no credit has come for TFAB_LEAVE_QUIET_MS: a peer cut
+ * off or stopped never answers, and what is left here fails now, not 2 s later.
  */
 static void peer_leave(struct tfab_peer *peer)
 {
-	uint64_t deadline = tfab__now_ms() + 2000;
+	uint64_t now = tfab__now_ms(), deadline = now + 2000, quiet = now + TFAB_LEAVE_QUIET_MS;
+	uint32_t acked = peer->tx_acked;
 
 	if (!peer->connected || peer->failed)
 		return;
@@ -445,8 +447,14 @@ static void peer_leave(struct tfab_peer *peer)
 		peer_flush(peer);
 		if (peer->ntaken)
 			peer_send_taken(peer);
-		if ((!peer->ntaken && tfab__list_empty(&peer->pending) && !peer->ncancelled) ||
-		    tfab__now_ms() >= deadline)
+		now = tfab__now_ms();
+		if (peer->tx_acked != acked) {
+			acked = peer->tx_acked;
+			quiet = now + TFAB_LEAVE_QUIET_MS;
+		}
+		if ((!peer->ntaken && tfab__list_empty(&peer->pending) &&
+		     (!peer->ncancelled || now >= quiet)) ||
+		    now >= deadline)
 			break;
 		tfab__progress_locked(peer->ctx);
 	}
