@@ -589,14 +589,6 @@ int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int 
 
 static int post_slot(struct tfab_peer *peer, uint8_t *src, size_t len, unsigned nmsgs);
 
-static void put_le32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
 /* Whether control writes to the peer carry several messages and credits (TFAB_CTRL_BATCH). */
 static bool batches(const struct tfab_peer *peer)
 {
@@ -651,7 +643,7 @@ static int fill_post(struct tfab_peer *peer, struct slot_fill *f)
 	int rc;
 
 	for (unsigned k = 0; k < f->n; k++) {
-		put_le32(f->src + f->off[k] + 8, peer->tx_seq);
+		tfab__wire_msg_set_seq(f->src + f->off[k], peer->tx_seq);
 		tfab__wire_msg_set_more(f->src + f->off[k], (uint16_t)(f->n - 1 - k));
 	}
 	rc = post_slot(peer, f->src, f->len, f->n);

@@ -556,6 +556,11 @@ size_t tfab__wire_ahead_room(const struct tfab_wire_msg *m, size_t cap)
 	return cap > need ? (cap - need) / TFAB_WIRE_AHEAD_ENTRY : 0;
 }
 
+void tfab__wire_msg_set_seq(void *msg, uint32_t seq)
+{
+	put_le((uint8_t *)msg + 8, seq, 4);
+}
+
 void tfab__wire_msg_set_more(void *msg, uint16_t more)
 {
 	put_le((uint8_t *)msg + 12, more, 2);

@@ -232,7 +232,8 @@ size_t tfab__wire_ahead_room(const struct tfab_wire_msg *m, size_t cap);
  * the same seq, and each says in `more` how many follow it.
  */
 int tfab__wire_msg_encode(const struct tfab_wire_msg *m, void *slot, size_t cap, size_t *len_p);
-/* Set `more`, or `credits`, in the header of the encoded message at msg. */
+/* Set `seq`, `more`, or `credits`, in the header of the encoded message at msg. */
+void tfab__wire_msg_set_seq(void *msg, uint32_t seq);
 void tfab__wire_msg_set_more(void *msg, uint16_t more);
 void tfab__wire_msg_set_credits(void *msg, uint16_t credits);
 
