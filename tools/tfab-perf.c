@@ -95,6 +95,8 @@ static void usage(FILE *f)
 	    "  -s, --sizes LIST     sizes to run, e.g. 8,4K,1M,64M (default 8,4K,64K,1M,64M)\n"
 	    "  -n, --iters N        transfers per size (default about 2 GiB per size, at least 32\n"
 	    "                       and at most 100000), after a tenth as many to warm up\n"
+	    "                       (tensor: at least two windows, so that the pool's blocks\n"
+	    "                       are all in use before the clock starts)\n"
 	    "  -w, --window N       transfers in flight for bandwidth (default 16, but at most\n"
 	    "                       256 MiB and at least 2 in flight; tensor: at most 64);\n"
 	    "                       memcpy: destinations copied into in turn (default 1, at\n"
