@@ -89,7 +89,7 @@ struct rd {
  * The widths the codec reads, spelled out so that the compiler makes each one load (a byte
  * loop per field was most of a control message's decoding).
  */
-static uint64_t le_at(const uint8_t *p, size_t n)
+static inline uint64_t le_at(const uint8_t *p, size_t n)
 {
 	uint64_t v = 0;
 
@@ -110,7 +110,7 @@ static uint64_t le_at(const uint8_t *p, size_t n)
 	}
 }
 
-static uint64_t get_le(struct rd *r, size_t n)
+static inline uint64_t get_le(struct rd *r, size_t n)
 {
 	uint64_t v;
 
@@ -124,7 +124,7 @@ static uint64_t get_le(struct rd *r, size_t n)
 	return v;
 }
 
-static const uint8_t *get_bytes(struct rd *r, size_t n)
+static inline const uint8_t *get_bytes(struct rd *r, size_t n)
 {
 	const uint8_t *p = r->p;
 
