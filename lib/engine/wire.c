@@ -30,6 +30,7 @@ static const uint16_t allowed_flags[] = {
     [TFAB_MSG_TAKEN] = 0,
     [TFAB_MSG_RETIRE] = 0,
     [TFAB_MSG_COLL_DATA] = TFAB_MSGF_DEAD,
+    [TFAB_MSG_LEAVE] = 0,
 };
 
 /* Writing: the caller has checked the room, so the cursor only advances. */
@@ -390,7 +391,7 @@ static bool has_meta(const struct tfab_wire_msg *m)
 /* The rules both sides apply; pointers are checked by the encoder only. */
 static bool msg_valid(const struct tfab_wire_msg *m)
 {
-	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_COLL_DATA)
+	if (m->type < TFAB_MSG_TENSOR_REQUEST || m->type > TFAB_MSG_LEAVE)
 		return false;
 	if (m->flags & ~allowed_flags[m->type] || m->credits > TFAB_WIRE_MAX_SLOTS)
 		return false;
@@ -420,6 +421,8 @@ static bool msg_valid(const struct tfab_wire_msg *m)
 		return (m->flags & TFAB_MSGF_DEAD)
 			   ? m->data_len == 0
 			   : m->data_len >= 1 && m->data_len <= TFAB_WIRE_MAX_COLL_DATA;
+	case TFAB_MSG_LEAVE:
+		return m->req_index == 0; /* reserved */
 	default:
 		return true;
 	}
@@ -622,6 +625,7 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 		out.errmsg = (const char *)get_bytes(&r, out.errmsg_len);
 		break;
 	case TFAB_MSG_CANCEL:
+	case TFAB_MSG_LEAVE:
 		break;
 	case TFAB_MSG_TAKEN:
 	case TFAB_MSG_RETIRE: {

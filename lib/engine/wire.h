@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TFAB_WIRE_VERSION 6
+#define TFAB_WIRE_VERSION 7
 #define TFAB_WIRE_MAGIC 0x42414654u
 #define TFAB_WIRE_BLOB_HDR 24
 #define TFAB_WIRE_PATH_HDR 20 /* each path entry, before its name and address */
@@ -107,6 +107,7 @@ enum tfab_wire_type {
 	TFAB_MSG_TAKEN = 5,
 	TFAB_MSG_RETIRE = 6,	/* key indexes the receiver gave up (protocol.md, "Key indexes") */
 	TFAB_MSG_COLL_DATA = 7, /* a collective's small operand, eager (protocol.md) */
+	TFAB_MSG_LEAVE = 8,	/* the writer writes nothing more (protocol.md) */
 };
 
 /* Request indexes one TAKEN message carries: its req_index and up to 250 more. */

@@ -325,7 +325,7 @@ enum {
 static const uint8_t blob_bytes[] = {
     /* header */
     0x54, 0x46, 0x41, 0x42,	  /* magic "TFAB" */
-    0x06, 0x00,			  /* version */
+    0x07, 0x00,			  /* version */
     0x02, 0x00,			  /* npaths */
     0x40, 0x00, 0x00, 0x00,	  /* ring_slots 64 */
     0x00, 0x04, 0x00, 0x00,	  /* slot_size 1024 */
@@ -683,7 +683,8 @@ static void test_blob_reject_header(void **state)
 	blob_reject_patched(B_VERSION, 3, 2, -TFAB_ERR_VERSION); /* no key indexes */
 	blob_reject_patched(B_VERSION, 4, 2, -TFAB_ERR_VERSION); /* no requests ahead */
 	blob_reject_patched(B_VERSION, 5, 2, -TFAB_ERR_VERSION); /* no COLL_DATA */
-	blob_reject_patched(B_VERSION, 7, 2, -TFAB_ERR_VERSION);
+	blob_reject_patched(B_VERSION, 6, 2, -TFAB_ERR_VERSION); /* no LEAVE */
+	blob_reject_patched(B_VERSION, 8, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0x200, 2, -TFAB_ERR_VERSION);
 	blob_reject_patched(B_VERSION, 0xffff, 2, -TFAB_ERR_VERSION);
 	/* ...a version 1 blob too, whole or cut anywhere after its version... */
@@ -976,7 +977,7 @@ static void test_blob_encode_nospace(void **state)
 /* Pinned against doc/protocol.md: header, TENSOR_REQUEST, then the meta-data table. */
 static const uint8_t request_bytes[] = {
     /* header */
-    0x06,		    /* version */
+    0x07,		    /* version */
     0x01,		    /* type TENSOR_REQUEST */
     0x03, 0x00,		    /* flags META_VALID | REREQUEST */
     0x48, 0x00, 0x00, 0x00, /* length 72 */
@@ -1003,7 +1004,7 @@ static const uint8_t request_bytes[] = {
 };
 
 static const uint8_t meta_data_bytes[] = {
-    0x06, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
+    0x07, 0x02, 0x04, 0x00,			    /* version, META_DATA, COMPLETE */
     0x14, 0x00, 0x00, 0x00,			    /* length 20 */
     0x07, 0x00, 0x00, 0x00,			    /* seq */
     0x00, 0x00, 0x00, 0x00,			    /* more 0, reserved */
@@ -1014,7 +1015,7 @@ static const uint8_t meta_data_bytes[] = {
 };
 
 static const uint8_t error_bytes[] = {
-    0x06, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
+    0x07, 0x03, 0x00, 0x00, /* version, ERROR, no flags */
     0x0c, 0x00, 0x00, 0x00, /* length 12 */
     0x01, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1024,8 +1025,17 @@ static const uint8_t error_bytes[] = {
     0x6e, 0x6f,		    /* "no" */
 };
 
+/* LEAVE (version 7): its reserved req_index is 0; anything else is refused. */
+static const uint8_t leave_bytes[] = {
+    0x07, 0x08, 0x00, 0x00, /* version, LEAVE, no flags */
+    0x04, 0x00, 0x00, 0x00, /* length 4 */
+    0x05, 0x00, 0x00, 0x00, /* seq */
+    0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
+    0x00, 0x00, 0x00, 0x00, /* reserved */
+};
+
 static const uint8_t cancel_bytes[] = {
-    0x06, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
+    0x07, 0x04, 0x00, 0x00, /* version, CANCEL, no flags */
     0x04, 0x00, 0x00, 0x00, /* length 4 */
     0xff, 0xff, 0xff, 0xff, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1033,7 +1043,7 @@ static const uint8_t cancel_bytes[] = {
 };
 
 static const uint8_t taken_bytes[] = {
-    0x06, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
+    0x07, 0x05, 0x00, 0x00, /* version, TAKEN, no flags */
     0x0e, 0x00, 0x00, 0x00, /* length 14 */
     0x03, 0x00, 0x00, 0x00, /* seq */
     0x00, 0x00, 0x00, 0x00, /* more 0, reserved */
@@ -1044,7 +1054,7 @@ static const uint8_t taken_bytes[] = {
 };
 
 static const uint8_t coll_data_bytes[] = {
-    0x06, 0x07, 0x00, 0x00,			    /* version, COLL_DATA, no flags */
+    0x07, 0x07, 0x00, 0x00,			    /* version, COLL_DATA, no flags */
     0x1b, 0x00, 0x00, 0x00,			    /* length 27: 19 and 8 bytes */
     0x09, 0x00, 0x00, 0x00,			    /* seq */
     0x00, 0x00, 0x00, 0x00,			    /* more 0, credits 0 */
@@ -1182,6 +1192,8 @@ static void sample_taken(struct tfab_wire_msg *m)
 	m->taken = sample_more;
 }
 
+static void msg_encode_fails(const struct tfab_wire_msg *m, size_t cap, int rc);
+
 static void check_known(const struct tfab_wire_msg *m, const uint8_t *bytes, size_t n)
 {
 	uint8_t slot[SLOT];
@@ -1210,6 +1222,26 @@ static void test_msg_known_bytes(void **state)
 	check_known(&m, taken_bytes, sizeof(taken_bytes));
 	sample_cancel(&m);
 	check_known(&m, cancel_bytes, sizeof(cancel_bytes));
+	memset(&m, 0, sizeof(m));
+	m.type = TFAB_MSG_LEAVE;
+	m.seq = 5;
+	check_known(&m, leave_bytes, sizeof(leave_bytes));
+	/* its reserved field set, a flag, or a byte more: refused either way */
+	m.req_index = 1;
+	msg_encode_fails(&m, SLOT, -EINVAL);
+	{
+		uint8_t buf[sizeof(leave_bytes) + 1] = {0};
+
+		memcpy(buf, leave_bytes, sizeof(leave_bytes));
+		buf[16] = 1;
+		expect_msg_reject(buf, sizeof(leave_bytes), -TFAB_ERR_PROTOCOL);
+		memcpy(buf, leave_bytes, sizeof(leave_bytes));
+		buf[2] = 1;
+		expect_msg_reject(buf, sizeof(leave_bytes), -TFAB_ERR_PROTOCOL);
+		memcpy(buf, leave_bytes, sizeof(leave_bytes));
+		buf[4] = 5;
+		expect_msg_reject(buf, sizeof(buf), -TFAB_ERR_PROTOCOL);
+	}
 }
 
 /* ---- Messages: round trips ---- */
@@ -2098,6 +2130,8 @@ static void test_encode_invalid(void **state)
 	m.type = 0;
 	msg_encode_fails(&m, SLOT, -EINVAL);
 	m.type = 5;
+	msg_encode_fails(&m, SLOT, -EINVAL);
+	m.type = TFAB_MSG_LEAVE + 1;
 	msg_encode_fails(&m, SLOT, -EINVAL);
 	m.type = 255;
 	msg_encode_fails(&m, SLOT, -EINVAL);
