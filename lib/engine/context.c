@@ -591,19 +591,24 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			quiet = now + TFAB_LEAVE_QUIET_MS;
 		}
 
-		for (l = ctx->peers.next; l != &ctx->peers && !busy; l = l->next) {
+		for (l = ctx->peers.next; l != &ctx->peers; l = l->next) {
 			struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
-
+			bool live = peer->connected && !peer->failed;
 			/*
-			 * our writes, our TAKEN messages (its sends are delivered on them), our
-			 * messages queued for credit (a collective's eager operands), and the
-			 * CANCELs of our requests (the abort's), until it has read them: then it
-			 * writes nothing more to us, and its connection is not cut
+			 * our TAKEN messages (its sends are delivered on them), our messages
+			 * queued for credit (a collective's eager operands), and the CANCELs of
+			 * our requests (the abort's), until it has read them: then it writes
+			 * nothing more to us, and its connection is not cut
 			 */
-			busy = peer->users != 0 ||
-			       ((peer->ntaken || !tfab__list_empty(&peer->pending) ||
-				 (peer->ncancelled && now < quiet)) &&
-				peer->connected && !peer->failed);
+			bool owes = live && !peer->leave_sent &&
+				    (peer->ntaken || !tfab__list_empty(&peer->pending) ||
+				     (peer->ncancelled && now < quiet));
+
+			/* then our LEAVE, last (peer_leave), once no content write of ours waits */
+			if (!owes && !ctx->orphans)
+				tfab__peer_send_leave(peer);
+			busy |=
+			    peer->users != 0 || owes || (live && !tfab__list_empty(&peer->pending));
 		}
 		if (!busy || now > deadline)
 			break;

@@ -188,6 +188,13 @@ struct tfab_peer {
 	 * the middle of a write to us.
 	 */
 	bool cut;
+	/*
+	 * LEAVE (protocol.md): ours went (leave_sent: nothing more is written to the peer);
+	 * the peer's came in slot leave_seq (leave_due), and once every slot before it was read,
+	 * it has left (left): it writes nothing more, and all it wrote has landed.
+	 */
+	bool leave_sent, leave_due, left;
+	uint32_t leave_seq;
 	struct tfab_wctx credit_w; /* TFAB_WCTX_CREDIT: context of credit returns */
 	struct tfab_wctx inject_w; /* TFAB_WCTX_INJECTED: of content written by inject */
 };
@@ -463,6 +470,8 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
  */
 void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *hooks, void *arg);
 void tfab__peer_fail(struct tfab_peer *peer, int status);
+/* Our LEAVE to the peer, the last thing we write to it (queued behind what waits for credit). */
+void tfab__peer_send_leave(struct tfab_peer *peer);
 /*
  * The status of a failed write to the peer: -TFAB_ERR_REMOTE_ACCESS while the peer is there
  * (it refused one region), else -TFAB_ERR_PEER_FAILED, whatever the fabric called it.

@@ -429,7 +429,10 @@ static void peer_flush(struct tfab_peer *peer);
  * which no-request mode keeps standing), and we wait until it has read them, as its credits
  * tell: from then on it writes nothing more to us, and its connection closes as any other's
  * (not cut). That wait ends too once no credit has come for TFAB_LEAVE_QUIET_MS: a peer cut
- * off or stopped never answers, and what is left here fails now, not 2 s later.
+ * off or stopped never answers, and what is left here fails now, not 2 s later. Then a
+ * LEAVE, the last thing we write to it: it may have requests of its own standing here, whose
+ * CANCELs we would never read (both sides of a no-request pair end so), and it cuts nothing
+ * once it knows that we write nothing more.
  */
 static void peer_leave(struct tfab_peer *peer)
 {
@@ -456,6 +459,13 @@ static void peer_leave(struct tfab_peer *peer)
 		     (!peer->ncancelled || now >= quiet)) ||
 		    now >= deadline)
 			break;
+		tfab__progress_locked(peer->ctx);
+	}
+	/* Last, our LEAVE: the peer, which may be leaving us too, then cuts nothing. */
+	tfab__peer_send_leave(peer);
+	while (peer->leave_sent && !tfab__list_empty(&peer->pending) && peer->connected &&
+	       !peer->failed && tfab__now_ms() < deadline) {
+		peer_flush(peer);
 		tfab__progress_locked(peer->ctx);
 	}
 }
@@ -671,6 +681,8 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 
 	if (peer->failed)
 		return peer->failed;
+	if (peer->leave_sent)
+		return -TFAB_ERR_ABORTED; /* nothing goes after our LEAVE */
 	/* The common case: credit, a free slot, nothing queued: encode in place and post. */
 	if (peer->connected && tfab__list_empty(&peer->pending) && slot_free(peer)) {
 		struct slot_fill f = {.src = slot_src(peer)};
@@ -702,6 +714,8 @@ int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 
 	if (peer->failed)
 		return peer->failed;
+	if (peer->leave_sent && m->type != TFAB_MSG_LEAVE)
+		return -TFAB_ERR_ABORTED;
 	rc = tfab__wire_msg_encode(m, buf, SLOT_SIZE, &len);
 	if (rc)
 		return rc;
@@ -861,7 +875,7 @@ static void peer_return_credits(struct tfab_peer *peer)
 
 	if (peer->rx_unreturned < (batch ? batch : 1) && !(due && peer->rx_unreturned))
 		return;
-	while (peer->rx_unreturned && peer->connected && !peer->failed) {
+	while (peer->rx_unreturned && peer->connected && !peer->failed && !peer->leave_sent) {
 		uint32_t n = peer->rx_unreturned > 1023 ? 1023 : peer->rx_unreturned;
 		bool inject = peer->path->caps->inject_size > 0;
 		int rc = tfab_conn_write_imm(peer->conn, peer->outbox, 0, peer->outbox_mr,
@@ -1037,7 +1051,45 @@ static void held_dests_release(struct tfab_peer *peer)
 	peer->nheld_dests = kept;
 }
 
+void tfab__peer_send_leave(struct tfab_peer *peer)
+{
+	struct tfab_wire_msg m = {.type = TFAB_MSG_LEAVE};
+
+	/*
+	 * Only a peer with requests here (parked, or answered and waiting for their verdict)
+	 * cancels them when it leaves, and waits to hear that we read them: the others need no
+	 * LEAVE, and its write may wait for their progress to complete (sockets), which would
+	 * hold our leaving up to 2 s (key_index_reconnect).
+	 */
+	if (!peer->connected || peer->failed || peer->leave_sent || !peer->answers.count)
+		return;
+	/* the TAKENs still waiting go first, in the slot or before it */
+	if (peer->ntaken)
+		peer_send_taken(peer);
+	if (tfab__peer_send_msg(peer, &m) == 0)
+		peer->leave_sent = true;
+	TFAB_DEBUG(SUBSYS, "peer %u: leaving it%s", peer->id,
+		   peer->leave_sent ? "" : " without a LEAVE (it failed)");
+}
+
 /* Control messages in. */
+
+/*
+ * The peer's LEAVE, every slot before it read: what it wrote has landed, and it writes
+ * nothing more. Our CANCELs it has not read, and our requests standing at it, can be let go
+ * without its credits: it is not cut.
+ */
+static void on_leave(struct tfab_peer *peer)
+{
+	TFAB_DEBUG(SUBSYS, "peer %u has left (LEAVE)", peer->id);
+	peer->left = true;
+	peer->ncancelled = 0;
+	peer->cancelled_lost = false;
+	for (uint32_t i = 0; i < peer->nheld_dests; i++)
+		tfab__pool_free(peer->ctx->pool, peer->held_dests[i].buf);
+	peer->nheld_dests = 0;
+	tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
+}
 
 void tfab__peer_refuse(struct tfab_peer *peer, const char *what)
 {
@@ -1091,6 +1143,11 @@ static void on_msg(struct tfab_peer *peer, struct tfab_wire_msg *m)
 		/* its writer may be waiting to let the destination go, or to leave */
 		if ((int32_t)(m->seq + 1 - peer->credit_due_seq) > 0)
 			peer->credit_due_seq = m->seq + 1;
+		break;
+	case TFAB_MSG_LEAVE:
+		/* handled once every slot before it has been read (tfab__peer_on_ctrl) */
+		peer->leave_due = true;
+		peer->leave_seq = m->seq;
 		break;
 	case TFAB_MSG_TAKEN:
 		for (unsigned i = 0; i < m->ntaken && !peer->failed; i++)
@@ -1151,7 +1208,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 		TFAB_DEBUG(SUBSYS, "a control write for unknown peer %u (destroyed?), dropped", id);
 		return;
 	}
-	if (peer->failed)
+	/* After our LEAVE nothing of it matters here, and nothing may answer it. */
+	if (peer->failed || peer->leave_sent)
 		return;
 	if (tfab__imm_is_credit(imm)) {
 		if (low == 0)
@@ -1194,6 +1252,11 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 	peer->rx_consumed[low] = 1;
 	/* The slot's messages in order (it may hold several: protocol.md, "Message slot"). */
 	do {
+		/* LEAVE is the last message its writer writes: in its slot, and in seq */
+		if (peer->leave_due && (int32_t)(m.seq - peer->leave_seq) >= 0) {
+			protocol_error(peer, "a message after a LEAVE");
+			return;
+		}
 		on_msg(peer, &m);
 		if (peer->failed)
 			return;
@@ -1208,6 +1271,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 		peer->rx_next++;
 		peer->rx_unreturned++;
 	}
+	if (peer->leave_due && (int32_t)(peer->rx_next - peer->leave_seq) > 0)
+		on_leave(peer);
 }
 
 /* Nothing is sent on the bootstrap connection after the bootstrap: readable means closed. */
@@ -1267,8 +1332,8 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 		return;
 	peer->failed = status ? status : -TFAB_ERR_PEER_FAILED;
 	/* as tfab__peer_free reckons for a peer that has not failed */
-	peer->cut = !tfab__list_empty(&peer->requests) || peer->ncancelled ||
-		    peer->cancelled_lost || peer->nheld_dests;
+	peer->cut = !peer->left && (!tfab__list_empty(&peer->requests) || peer->ncancelled ||
+				    peer->cancelled_lost || peer->nheld_dests);
 	/* No more heartbeats, and the end of the connection: the peer learns it too. */
 	if (peer->sock >= 0) {
 		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);

@@ -137,8 +137,13 @@ static void dest_release(struct tfab_request *r, bool discard)
 	if (r->dest_pool && r->dest)
 		r->peer->inflight -= r->dest_cap;
 	if (r->dest_pool && r->dest) {
-		/* A failed peer returns no credits: its block is never reused (its writes may land) */
-		if (discard && r->peer->failed)
+		/*
+		 * A failed peer returns no credits: its block is never reused (its writes may
+		 * land), unless it left (LEAVE): all it wrote has landed
+		 */
+		if (discard && r->peer->left)
+			tfab__pool_free(ctx->pool, r->dest);
+		else if (discard && r->peer->failed)
 			tfab__pool_discard(ctx->pool, r->dest);
 		else if (discard)
 			tfab__peer_hold_dest(r->peer, r->dest);

@@ -2547,6 +2547,64 @@ static int sc_leave_standing(struct mp *mp)
 }
 
 /*
+ * Both sides of a pair in no-request mode, each with requests standing at the other, leave
+ * one after the other, as tfab-perf --no-request ends: the first leaves while the second's
+ * requests stand at it, and so never reads the CANCELs the second sends as it leaves. The
+ * first's LEAVE tells the second that nothing more comes: neither is cut
+ * (tfab_stats.peers_cut). Before LEAVE the second waited 100 ms for credits that could not
+ * come and cut the peer: on libfabric's tcp with a warning and its endpoint left open.
+ */
+static int sc_leave_both_standing(struct mp *mp)
+{
+	enum { STEPS = 6, DEPTH = 4, N = 1 << 18 }; /* 1 MiB tensors */
+	static float vals[N];
+	int64_t shape = N;
+	DLTensor t = {.data = vals,
+		      .device = {kDLCPU, 0},
+		      .ndim = 1,
+		      .dtype = {kDLFloat, 32, 1},
+		      .shape = &shape};
+	int other = 1 - mp->rank;
+	const char *mine = mp->rank ? "both1" : "both0", *theirs = mp->rank ? "both0" : "both1";
+	struct tfab_stats s1, s2;
+	struct done d = {0};
+	DLManagedTensor *m = NULL;
+
+	for (int i = 0; i < N; i++)
+		vals[i] = (float)(i % 1000) + (float)mp->rank;
+	CHECK_RC(tfab_recv_ahead(mp->ctx, mp->peers[other], theirs, DEPTH), 0);
+	for (int step = 1; step <= STEPS; step++)
+		CHECK_RC(tfab_send(mp->ctx, mine, step, &t, false, on_sent, &d), 0);
+	for (int step = 1; step <= STEPS; step++) {
+		CHECK_RC(recv_one(mp, other, theirs, step, &m, NULL), 0);
+		CHECK(((float *)m->dl_tensor.data)[N - 1] == (float)((N - 1) % 1000 + other));
+		m->deleter(m);
+	}
+	CHECK(wait_n(mp, &d, STEPS));
+	CHECK(d.errors == 0);
+	CHECK_RC(tfab_get_stats(mp->ctx, &s1), 0);
+	CHECK(s1.requests_ahead >= DEPTH);
+	/* rank 1 leaves first; rank 0 while its requests still stand there */
+	if (mp->rank == 0)
+		CHECK_RC(mp_wait_note(mp, 1, "left", 0), 0);
+	CHECK_RC(tfab_peer_destroy(mp->peers[other]), 0);
+	mp->peers[other] = NULL;
+	CHECK_RC(tfab_get_stats(mp->ctx, &s2), 0);
+	if (s2.peers_cut != s1.peers_cut) {
+		fprintf(stderr, "rank %d: the peer was cut as both left with requests standing\n",
+			mp->rank);
+		return 1;
+	}
+	if (mp->rank == 1) {
+		CHECK_RC(mp_note(mp, "left"), 0);
+		CHECK_RC(mp_wait_note(mp, 0, "left0", 0), 0);
+	} else {
+		CHECK_RC(mp_note(mp, "left0"), 0);
+	}
+	return 0;
+}
+
+/*
  * This process destroys its peer object for a process that has just asked it for a tensor,
  * and that then leaves; this process goes on polling. Its request, the first write it made to
  * us and still unread, must be dropped quietly (on shm it carries a connection request for a
@@ -4164,6 +4222,7 @@ static const struct mp_scenario scenarios[] = {
 		   "this scenario does eight times (doc/verbs-vm.md)"},
     {.name = "leave_after_recv", .nranks = 2, .fn = sc_leave_after_recv, .no_barrier = true},
     {.name = "leave_standing", .nranks = 2, .fn = sc_leave_standing, .no_barrier = true},
+    {.name = "leave_both_standing", .nranks = 2, .fn = sc_leave_both_standing, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
     {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},
