@@ -306,18 +306,23 @@ static int exchange_report(struct tstate *s, bool client, int64_t step, uint64_t
 static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, unsigned window,
 		    uint8_t **bufs, uint8_t **slot_bufs, int64_t step_base, struct perf_result *res)
 {
+	unsigned depth = s->no_request < window ? s->no_request : window;
 	/*
-	 * The warm-up: a tenth of the run, and at least two windows, so that every pool block
-	 * of the receives' rotation has been faulted in on both sides (the receiver's pages and
-	 * the sender's mapping of them) before the clock starts: at 64 MiB with -n 32, three
-	 * warm-up transfers left the fourth and fifth block's first touch in the timed loop
-	 * (shm: 8 GB/s instead of 30).
+	 * The warm-ups: a tenth of the run, and at least twice the receives a phase keeps out,
+	 * so that every pool block of their rotation has been faulted in on both sides (the
+	 * receiver's pages and the sender's mapping of them) before the clock starts. At 64 MiB
+	 * with -n 32, three warm-up transfers left the fourth and fifth block's first touch in
+	 * the timed loop (shm: 8 GB/s instead of 30), and three rounds of the ping-pong, with
+	 * requests standing, the first touch of its blocks (6.1 ms one way instead of 2.5).
+	 * Bandwidth keeps `window` receives out; the ping-pong two a side, and `depth` standing.
 	 */
 	unsigned warm = iters / 10 > 2 * window ? iters / 10 : 2 * window, total = warm + iters;
-	unsigned lat_n = perf_lat_iters(iters), lat_warm = lat_n / 10 ? lat_n / 10 : 1;
+	unsigned lat_n = perf_lat_iters(iters), lat_warm = 2 * (2 + depth);
 	struct xfer *tx = s->tx, *rx = s->rx;
 	uint64_t posted = 0, t0 = 0, writes = writes_of(s->ctx), peer_writes = 0;
-	unsigned depth = s->no_request < window ? s->no_request : window;
+
+	if (lat_n / 10 > lat_warm)
+		lat_warm = lat_n / 10;
 	/*
 	 * In no-request mode a receive's verdict waits for the next control write (up to depth/2
 	 * receives later): the ping-pong waits for a send's that much later too. Even, so that
