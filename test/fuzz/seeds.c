@@ -74,7 +74,7 @@ static void wire_msgs(void)
 		     .nbytes = 24,
 		     .shape = {2, 3}},
 	};
-	struct tfab_wire_msg ms[10];
+	struct tfab_wire_msg ms[11];
 	uint8_t slot[TFAB_WIRE_MIN_SLOT];
 	char name[32];
 	unsigned n = 0;
@@ -118,6 +118,8 @@ static void wire_msgs(void)
 					 .flags = TFAB_MSGF_DEAD,
 					 .step_id = INT64_MIN,
 					 .coll_tag = 'd'};
+	/* last, as its writer sends it */
+	ms[n++] = (struct tfab_wire_msg){.type = TFAB_MSG_LEAVE};
 	for (unsigned i = 0; i < n; i++) {
 		snprintf(name, sizeof(name), "type%u-%u", ms[i].type, i);
 		put("wire_msg", name, slot, slot_of(&ms[i], 1, slot, sizeof(slot)));
