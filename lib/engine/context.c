@@ -543,9 +543,20 @@ int tfab_abort(struct tfab_context *ctx, int status)
 	return 0;
 }
 
+/* The credits every peer has returned, summed (lock held): it moves when any come. */
+static uint64_t credits_seen(struct tfab_context *ctx)
+{
+	uint64_t n = 0;
+
+	for (struct tfab_list *l = ctx->peers.next; l != &ctx->peers; l = l->next)
+		n += tfab_container_of(l, struct tfab_peer, link)->tx_acked;
+	return n;
+}
+
 int tfab_context_destroy(struct tfab_context *ctx)
 {
-	uint64_t deadline, quiet, acked = UINT64_MAX, out;
+	struct tfab_leave_clock clock;
+	uint64_t out;
 	unsigned n;
 
 	if (!ctx)
@@ -576,20 +587,13 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	 * Let control messages already posted (cancels, errors, TAKEN) and writes in flight
 	 * finish.
 	 */
-	deadline = tfab__now_ms() + 1000;
-	quiet = tfab__now_ms() + TFAB_LEAVE_QUIET_MS;
+	tfab__leave_clock_start(&clock, tfab__now_ms(), 1000, credits_seen(ctx));
 	for (;;) {
 		bool busy = ctx->orphans != 0;
-		uint64_t now = tfab__now_ms(), credits = 0;
-		struct tfab_list *l;
-
+		uint64_t now = tfab__now_ms();
 		/* CANCELs wait for their reading only while credits keep coming (peer_leave) */
-		for (l = ctx->peers.next; l != &ctx->peers; l = l->next)
-			credits += tfab_container_of(l, struct tfab_peer, link)->tx_acked;
-		if (credits != acked) {
-			acked = credits;
-			quiet = now + TFAB_LEAVE_QUIET_MS;
-		}
+		bool hopeful = tfab__leave_clock_hopeful(&clock, now, credits_seen(ctx));
+		struct tfab_list *l;
 
 		for (l = ctx->peers.next; l != &ctx->peers; l = l->next) {
 			struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);
@@ -602,7 +606,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			 */
 			bool owes = live && !peer->leave_sent &&
 				    (peer->ntaken || !tfab__list_empty(&peer->pending) ||
-				     (peer->ncancelled && now < quiet));
+				     (peer->ncancelled && hopeful));
 
 			/* then our LEAVE, last (peer_leave), once no content write of ours waits */
 			if (!owes && !ctx->orphans)
@@ -610,7 +614,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 			busy |=
 			    peer->users != 0 || owes || (live && !tfab__list_empty(&peer->pending));
 		}
-		if (!busy || now > deadline)
+		if (!busy || now > clock.deadline)
 			break;
 		tfab__progress_locked(ctx);
 	}

@@ -96,6 +96,34 @@ struct tfab_held_dest {
  */
 #define TFAB_LEAVE_QUIET_MS 100
 
+/*
+ * The clock of such a wait (one peer's leave, or every peer's at the context's end): a bound
+ * in all, and the quiet bound, renewed whenever the count of credits seen (any count that
+ * moves as credits come) moved since the last look.
+ */
+struct tfab_leave_clock {
+	uint64_t deadline, quiet, credits;
+};
+
+static inline void tfab__leave_clock_start(struct tfab_leave_clock *c, uint64_t now_ms,
+					   uint64_t bound_ms, uint64_t credits)
+{
+	c->deadline = now_ms + bound_ms;
+	c->quiet = now_ms + TFAB_LEAVE_QUIET_MS;
+	c->credits = credits;
+}
+
+/* At now_ms, with `credits` seen so far: whether CANCELs are still worth waiting for. */
+static inline bool tfab__leave_clock_hopeful(struct tfab_leave_clock *c, uint64_t now_ms,
+					     uint64_t credits)
+{
+	if (credits != c->credits) {
+		c->credits = credits;
+		c->quiet = now_ms + TFAB_LEAVE_QUIET_MS;
+	}
+	return now_ms < c->quiet;
+}
+
 struct tfab_peer {
 	struct tfab_context *ctx;
 	struct tfab_list link;	/* ctx->peers */

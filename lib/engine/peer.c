@@ -436,11 +436,13 @@ static void peer_flush(struct tfab_peer *peer);
  */
 static void peer_leave(struct tfab_peer *peer)
 {
-	uint64_t now = tfab__now_ms(), deadline = now + 2000, quiet = now + TFAB_LEAVE_QUIET_MS;
-	uint32_t acked = peer->tx_acked;
+	struct tfab_leave_clock clock;
+	uint64_t now;
+	bool hopeful;
 
 	if (!peer->connected || peer->failed)
 		return;
+	tfab__leave_clock_start(&clock, tfab__now_ms(), 2000, peer->tx_acked);
 	while (!tfab__list_empty(&peer->requests) && !peer->failed)
 		tfab__request_fail(
 		    tfab_container_of(peer->requests.next, struct tfab_request, link),
@@ -451,20 +453,17 @@ static void peer_leave(struct tfab_peer *peer)
 		if (peer->ntaken)
 			peer_send_taken(peer);
 		now = tfab__now_ms();
-		if (peer->tx_acked != acked) {
-			acked = peer->tx_acked;
-			quiet = now + TFAB_LEAVE_QUIET_MS;
-		}
+		hopeful = tfab__leave_clock_hopeful(&clock, now, peer->tx_acked);
 		if ((!peer->ntaken && tfab__list_empty(&peer->pending) &&
-		     (!peer->ncancelled || now >= quiet)) ||
-		    now >= deadline)
+		     (!peer->ncancelled || !hopeful)) ||
+		    now >= clock.deadline)
 			break;
 		tfab__progress_locked(peer->ctx);
 	}
 	/* Last, our LEAVE: the peer, which may be leaving us too, then cuts nothing. */
 	tfab__peer_send_leave(peer);
 	while (peer->leave_sent && !tfab__list_empty(&peer->pending) && peer->connected &&
-	       !peer->failed && tfab__now_ms() < deadline) {
+	       !peer->failed && tfab__now_ms() < clock.deadline) {
 		peer_flush(peer);
 		tfab__progress_locked(peer->ctx);
 	}
