@@ -4180,7 +4180,13 @@ static const struct mp_scenario scenarios[] = {
      .only_named = true},
     {.name = "step_cleanup", .nranks = 2, .fn = sc_step_cleanup},
     {.name = "abort", .nranks = 2, .fn = sc_abort, .no_barrier = true},
-    {.name = "no_request", .nranks = 2, .fn = sc_no_request},
+    {.name = "no_request",
+     .nranks = 2,
+     .fn = sc_no_request,
+     .not_on = "ofi:verbs",
+     .not_on_why = "libfabric 1.17's rxm crashes most runs of it as both ranks close their "
+		   "endpoints (libfabric.so.1+0xb7882 in tfab_context_destroy, doc/verbs-vm.md), "
+		   "which made the whole binary's run a SKIP; engine-verbs runs it on verbs"},
     {.name = "peer_killed",
      .nranks = 3,
      .fn = sc_peer_killed,
