@@ -1034,7 +1034,10 @@ bool tfab__peer_same_endpoint(const struct tfab_peer *a, const struct tfab_peer 
 	return a == b || (a->path == b->path && a->endpoint_hash == b->endpoint_hash);
 }
 
-/* Credits came back: the destinations whose CANCEL they cover go back to the pool. */
+/*
+ * Credits came back, or the peer left: the destinations whose CANCEL they cover (all, once it
+ * left) go back to the pool.
+ */
 static void held_dests_release(struct tfab_peer *peer)
 {
 	uint32_t kept = 0;
@@ -1042,7 +1045,8 @@ static void held_dests_release(struct tfab_peer *peer)
 	for (uint32_t i = 0; i < peer->nheld_dests; i++) {
 		struct tfab_held_dest h = peer->held_dests[i];
 
-		if ((int32_t)(peer->tx_acked - h.seq) >= 0)
+		/* its credits cover the CANCEL, or it left (LEAVE): it writes nothing more */
+		if (peer->left || (int32_t)(peer->tx_acked - h.seq) >= 0)
 			tfab__pool_free(peer->ctx->pool, h.buf);
 		else
 			peer->held_dests[kept++] = h;
@@ -1084,9 +1088,7 @@ static void on_leave(struct tfab_peer *peer)
 	peer->left = true;
 	peer->ncancelled = 0;
 	peer->cancelled_lost = false;
-	for (uint32_t i = 0; i < peer->nheld_dests; i++)
-		tfab__pool_free(peer->ctx->pool, peer->held_dests[i].buf);
-	peer->nheld_dests = 0;
+	held_dests_release(peer);
 	tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
 }
 
