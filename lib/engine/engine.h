@@ -665,8 +665,9 @@ void tfab__sends_retry(struct tfab_context *ctx);
 unsigned tfab__sends_abandon(struct tfab_context *ctx);
 /* Write the chunks of GPU sends whose copies to host memory finished. */
 void tfab__sends_stage(struct tfab_context *ctx);
+/* The sends answering peer, and those for it alone, fail (those it took end delivered). */
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);
-/* Sends that fail with the peer: those answering it, and those for it alone. */
+/* Sends that fail with the peer: those answering it (not those it took), and those for it. */
 unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer);
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 

@@ -789,9 +789,12 @@ void tfab__sends_retry(struct tfab_context *ctx)
 	}
 }
 
-/* Every send matching the filter ends with status. */
+/*
+ * Every send matching the filter ends with status; with taken_ok, those whose TAKEN has come
+ * end delivered instead.
+ */
 static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_send *, void *),
-			   void *arg, int status)
+			   void *arg, int status, bool taken_ok)
 {
 	for (size_t i = 0; i < ctx->sends.nbuckets; i++) {
 		struct tfab_hnode *n = ctx->sends.buckets[i], *next;
@@ -801,7 +804,7 @@ static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_s
 
 			next = n->next;
 			if (match(s, arg))
-				send_finish(ctx, s, status);
+				send_finish(ctx, s, taken_ok && s->taken ? 0 : status);
 		}
 	}
 }
@@ -821,14 +824,23 @@ unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer)
 	unsigned n = 0;
 
 	for (size_t i = 0; i < ctx->sends.nbuckets; i++)
-		for (struct tfab_hnode *h = ctx->sends.buckets[i]; h; h = h->next)
-			n += bound_to(tfab_container_of(h, struct tfab_send, node), peer);
+		for (struct tfab_hnode *h = ctx->sends.buckets[i]; h; h = h->next) {
+			struct tfab_send *s = tfab_container_of(h, struct tfab_send, node);
+
+			n += bound_to(s, peer) && !s->taken; /* a taken one is delivered */
+		}
 	return n;
 }
 
+/*
+ * A send the peer reported taken before its write's own completion came (a fabric reports the
+ * two on different queues, and shm reads its completions after what arrived) is delivered: a
+ * live receive has it. It ends so, not with the peer's failure, which may come next (its
+ * LEAVE), before that completion, or instead of it.
+ */
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status)
 {
-	sends_for_each(ctx, bound_to, peer, status);
+	sends_for_each(ctx, bound_to, peer, status, true);
 	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
 		struct tfab_hnode *n = ctx->parked.buckets[i], *next;
 
@@ -861,7 +873,7 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 	struct tfab_hnode *doomed = NULL;
 
-	sends_for_each(ctx, of_step, &f, status);
+	sends_for_each(ctx, of_step, &f, status, false);
 	/*
 	 * Out of the tables first, answered after: a reply that fails its peer frees that peer's
 	 * parked requests, the walk's next one among them.

@@ -2605,6 +2605,64 @@ static int sc_leave_both_standing(struct mp *mp)
 }
 
 /*
+ * A send the receiver reported taken (TAKEN) is delivered, even where the receiver fails or
+ * leaves before the write's own completion is read: rank 1 takes rank 0's 1 MiB tensor and
+ * leaves (its TAKEN, then a LEAVE: rank 0 has a request standing there), while rank 0 does not
+ * poll; rank 0 then reads both before its write's completion (shm reads completions after
+ * what arrived, a few polls later), and the send must end delivered, not with the peer's
+ * failure (it did: "0 receives and 1 sends with it fail").
+ */
+static int sc_taken_then_left(struct mp *mp)
+{
+	enum { N = 1 << 18 }; /* 1 MiB: written, not injected, so it has a completion */
+	static float vals[N];
+	int64_t shape = N;
+	DLTensor t = {.data = vals,
+		      .device = {kDLCPU, 0},
+		      .ndim = 1,
+		      .dtype = {kDLFloat, 32, 1},
+		      .shape = &shape};
+	struct done d = {0}, never = {0};
+
+	if (mp->rank == 0) {
+		struct tfab_stats st = {0};
+		struct mp_watch w;
+
+		for (int i = 0; i < N; i++)
+			vals[i] = (float)(i % 977);
+		/* a request standing at rank 1, so that rank 1 leaves with a LEAVE */
+		CHECK_RC(tfab_recv(mp->ctx, mp->peers[1], "never", 1, NULL, on_recv, &never), 0);
+		CHECK_RC(tfab_send(mp->ctx, "taken", 1, &t, false, on_sent, &d), 0);
+		mp_watch_start(&w, mp, NULL, "the content write", 0);
+		while (st.writes_content == 0) {
+			tfab_progress(mp->ctx);
+			CHECK_RC(tfab_get_stats(mp->ctx, &st), 0);
+			CHECK(!mp_watch_stalled(&w, st.writes_content));
+		}
+		CHECK_RC(mp_note(mp, "written"), 0);
+		/* not polling: rank 1's TAKEN and LEAVE wait, unread, with the completion */
+		CHECK_RC(mp_wait_note_quiet(mp, 1, "left", 0), 0);
+		CHECK(wait_n(mp, &d, 1));
+		CHECK_RC(d.last_status, 0);
+		CHECK(wait_n(mp, &never, 1)); /* failed with the peer that left */
+		CHECK(never.errors == 1);
+		CHECK_RC(mp_note(mp, "checked"), 0);
+		return 0;
+	}
+	CHECK_RC(tfab_recv(mp->ctx, mp->peers[0], "taken", 1, NULL, on_recv, &d), 0);
+	CHECK(wait_n(mp, &d, 1));
+	CHECK_RC(d.last_status, 0);
+	CHECK(d.tensor && ((float *)d.tensor->dl_tensor.data)[N - 1] == (float)((N - 1) % 977));
+	d.tensor->deleter(d.tensor);
+	CHECK_RC(mp_wait_note(mp, 0, "written", 0), 0); /* rank 0's request is read by now */
+	CHECK_RC(tfab_peer_destroy(mp->peers[0]), 0);
+	mp->peers[0] = NULL;
+	CHECK_RC(mp_note(mp, "left"), 0);
+	CHECK_RC(mp_wait_note_quiet(mp, 0, "checked", 0), 0);
+	return 0;
+}
+
+/*
  * This process destroys its peer object for a process that has just asked it for a tensor,
  * and that then leaves; this process goes on polling. Its request, the first write it made to
  * us and still unread, must be dropped quietly (on shm it carries a connection request for a
@@ -4229,6 +4287,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "leave_after_recv", .nranks = 2, .fn = sc_leave_after_recv, .no_barrier = true},
     {.name = "leave_standing", .nranks = 2, .fn = sc_leave_standing, .no_barrier = true},
     {.name = "leave_both_standing", .nranks = 2, .fn = sc_leave_both_standing, .no_barrier = true},
+    {.name = "taken_then_left", .nranks = 2, .fn = sc_taken_then_left, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
     {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},
