@@ -20,6 +20,7 @@
 #define TFAB_SHM_BUDGET (4u << 20)	  /* bytes one poll copies, to keep polls short */
 #define TFAB_SHM_CHECK_NS 1000000ull	  /* a peer's death is seen within this (and a jiffy) */
 #define TFAB_SHM_RX_CHECK_NS 100000000ull /* dead writers' slots are freed this often */
+#define TFAB_SHM_TX_DEFER 8u /* polls in a row that may leave our completions for later */
 #define TFAB_SHM_MAX_MSG (1ull << 40)
 /*
  * Shorter writes to memory outside a shared segment go through the bounce buffers even where
@@ -119,6 +120,7 @@ struct tfab_shm_ep {
 	struct tfab_freelist ops;
 	struct tfab_shm_op *failed, *failed_tail; /* failed before reaching the ring */
 	uint64_t next_rx_check;
+	unsigned tx_deferred; /* polls in a row that found peers' writes and left ours */
 	bool no_cma;
 	struct tfab_shm_stats stats;
 	char errmsg[256];

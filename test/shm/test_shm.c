@@ -1,7 +1,8 @@
 /*
  * The native shm backend's own cases, beyond the conformance suite: its SPSC ring between two
  * threads (inline payloads across continuation entries and the ring's wrap), addresses of
- * another host or namespace refused, each path between two processes (one copy into a shared
+ * another host or namespace refused, a poll's own completions left for later while peers'
+ * writes arrive, within a bound, each path between two processes (one copy into a shared
  * segment from mem_alloc or by process_vm_writev, short writes bounced) with its statistics,
  * the bounce path when a real seccomp filter makes the kernel refuse process_vm_writev
  * (installed before the endpoint opens, and after, so that the first write meets the
@@ -37,6 +38,7 @@
 
 #include <tfab/status.h>
 
+#include "providers/shm/internal.h"
 #include "providers/shm/shm.h"
 #include "util/config.h"
 #include "util/sock.h"
@@ -280,6 +282,75 @@ static void pump(struct tfab_ep *ep, struct outcome *o)
 			o->status = ev[i].status;
 		}
 	}
+}
+
+/*
+ * A poll that finds peers' writes leaves its own completions for later, but for at most
+ * TFAB_SHM_TX_DEFER polls in a row: with a write of b's arriving before every poll of a's, a's
+ * own write completes after the first poll and within TFAB_SHM_TX_DEFER + 1 (never, were the
+ * deferral unbounded); a poll that finds nothing arriving reads the completion at once.
+ */
+static void test_completions_not_starved(void **state)
+{
+	enum { ROUNDS = 4 * TFAB_SHM_TX_DEFER };
+	struct tfab_ep *a = open_ep(), *b = open_ep();
+	uint64_t abuf = 0, bbuf = 0, word = 42;
+	struct tfab_mr *amr, *bmr;
+	struct tfab_conn *ca, *cb;
+	struct tfab_shm_addr addr;
+	size_t alen = sizeof(addr);
+
+	(void)state;
+	assert_int_equal(tfab_mr_reg(a, &abuf, sizeof(abuf), TFAB_MR_REMOTE_WRITE, &amr), 0);
+	assert_int_equal(tfab_mr_reg(b, &bbuf, sizeof(bbuf), TFAB_MR_REMOTE_WRITE, &bmr), 0);
+	assert_int_equal(tfab_ep_get_addr(b, &addr, &alen), 0);
+	assert_int_equal(tfab_ep_connect(a, &addr, alen, &ca), 0);
+	alen = sizeof(addr);
+	assert_int_equal(tfab_ep_get_addr(a, &addr, &alen), 0);
+	assert_int_equal(tfab_ep_connect(b, &addr, alen, &cb), 0);
+	for (int quiet = 0; quiet < 2; quiet++) {
+		struct outcome oa = {0}, ob = {0};
+		int polls = 0;
+
+		assert_int_equal(tfab_conn_write_imm(ca, &word, sizeof(word), NULL, bmr->raddr,
+						     bmr->rkey, 1, 0, &word),
+				 0);
+		/* b takes it (and releases its tail): a's completion is there to be read */
+		for (uint64_t deadline = tfab__now_ms() + WAIT_MS;
+		     !ob.remote_writes && tfab__now_ms() < deadline;)
+			pump(b, &ob);
+		assert_int_equal(ob.remote_writes, 1);
+		while (!oa.writes_done && polls < ROUNDS) {
+			struct outcome before = oa;
+
+			if (!quiet)
+				assert_int_equal(tfab_conn_write_imm(cb, &word, sizeof(word), NULL,
+								     amr->raddr, amr->rkey, 2,
+								     TFAB_WRITE_INJECT, NULL),
+						 0);
+			pump(a, &oa);
+			polls++;
+			if (!quiet)
+				assert_int_equal(oa.remote_writes, before.remote_writes + 1);
+		}
+		assert_int_equal(oa.errors, 0);
+		/* arriving: left for later (the first poll reads only what arrived), but bounded */
+		if (oa.writes_done != 1 || polls > (quiet ? 1 : (int)TFAB_SHM_TX_DEFER + 1) ||
+		    (!quiet && polls == 1))
+			fail_msg("%s: completion after %d polls (%d seen)",
+				 quiet ? "nothing arriving" : "a write arriving before each poll",
+				 polls, oa.writes_done);
+		/* b's own injected writes are done with as a reads them: b's ring is drained */
+		for (int k = 0; k < 4; k++)
+			pump(b, &ob);
+		assert_int_equal(ob.errors, 0);
+	}
+	assert_int_equal(tfab_conn_disconnect(ca), 0);
+	assert_int_equal(tfab_conn_disconnect(cb), 0);
+	assert_int_equal(tfab_mr_dereg(amr), 0);
+	assert_int_equal(tfab_mr_dereg(bmr), 0);
+	assert_int_equal(tfab_ep_close(a), 0);
+	assert_int_equal(tfab_ep_close(b), 0);
 }
 
 /*
@@ -721,6 +792,7 @@ int main(void)
 	    cmocka_unit_test(test_ring_stale_slot),
 	    cmocka_unit_test(test_foreign_address),
 	    cmocka_unit_test(test_bad_long_write),
+	    cmocka_unit_test(test_completions_not_starved),
 	    cmocka_unit_test(test_cma),
 	    cmocka_unit_test(test_short_bounce),
 	    cmocka_unit_test(test_shared_segment),
