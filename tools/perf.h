@@ -29,11 +29,12 @@ struct perf_opts {
 	unsigned window; /* 0: chosen per size */
 	bool json;
 	bool verify;
-	bool cuda;		 /* --device cuda: tensor test buffers in GPU memory */
-	bool progress;		 /* show progress on a terminal */
-	bool heap_dst;		 /* raw: destinations from malloc even where mem_alloc is offered */
-	unsigned no_request;	 /* tensor: requests kept standing ahead per key (0: off) */
-	int timeout_ms;		 /* bound of every wait */
+	bool cuda;		/* --device cuda: tensor test buffers in GPU memory */
+	bool progress;		/* show progress on a terminal */
+	bool heap_dst;		/* raw: destinations from malloc even where mem_alloc is offered */
+	unsigned no_request;	/* tensor: requests kept standing ahead per key (0: off) */
+	unsigned request_bytes; /* raw: a message of this many bytes each way per round (0: none) */
+	int timeout_ms;		/* bound of every wait */
 	const char *listen_port; /* --listen */
 	const char *connect_to;	 /* --connect */
 };

@@ -6,7 +6,9 @@
  *      (immediate = index) with `window` in flight; the server counts them, checks the data
  *      with --verify, and answers ACK; the clock runs from the last warm-up completion to ACK;
  *   3. latency: ping-pong of the same size, warm-up rounds first; the one-way latency is half
- *      a round trip.
+ *      a round trip. With --request-bytes, each side writes a message of that size after its
+ *      ping (immediate IMM_REQUEST), as the tensor ping-pong posts its next receive's request
+ *      after its send: the fabric's share of that ping-pong's time.
  */
 #include <errno.h>
 #include <poll.h>
@@ -23,16 +25,18 @@
 #define IMM_ACK_OK 0xffffff02u
 #define IMM_ACK_BAD 0xffffff03u
 #define IMM_DONE 0xffffff04u
-#define IMM_PING 0x80000000u /* | iteration; bandwidth writes stay below it */
+#define IMM_PING 0x80000000u	/* | iteration; bandwidth writes stay below it */
+#define IMM_REQUEST 0x40000000u /* | iteration: --request-bytes' messages */
 
 struct raw_state {
 	struct perf_pair *p;
-	uint64_t done;	   /* local write completions */
-	uint64_t bw_seen;  /* bandwidth writes landed here */
-	uint8_t *bw_map;   /* --verify: how often each index landed */
-	unsigned iters;	   /* timed */
-	unsigned warmup;   /* untimed, before them */
-	int64_t ping_seen; /* last ping-pong index landed, -1 before */
+	uint64_t done;		/* local write completions */
+	uint64_t bw_seen;	/* bandwidth writes landed here */
+	uint8_t *bw_map;	/* --verify: how often each index landed */
+	unsigned iters;		/* timed */
+	unsigned warmup;	/* untimed, before them */
+	int64_t ping_seen;	/* last ping-pong index landed, -1 before */
+	uint64_t requests_seen; /* --request-bytes' messages landed */
 	int err;
 	uint64_t deadline;
 	unsigned polls;
@@ -111,6 +115,8 @@ static bool raw_poll(struct raw_state *s)
 					return false;
 				}
 				s->p->ctrl = ev[i].imm;
+			} else if (ev[i].imm & IMM_REQUEST) {
+				s->requests_seen++;
 			} else if (ev[i].imm & IMM_PING) {
 				s->ping_seen = ev[i].imm & ~IMM_PING;
 			} else {
@@ -155,6 +161,36 @@ static int post(struct raw_state *s, const void *buf, size_t len, uint32_t imm, 
 	}
 	if (rc)
 		fprintf(stderr, "tfab-perf: posting a write: %s\n", tfab_strerror(rc));
+	return rc;
+}
+
+/*
+ * --request-bytes: the message a side writes after its ping of round i, as a tensor fetch's
+ * request goes after the send; it lands past the pings' bytes, at the region's end.
+ */
+static int post_request(struct raw_state *s, const struct perf_opts *o, unsigned i,
+			uint64_t *signaled)
+{
+	struct perf_pair *p = s->p;
+	size_t len = o->request_bytes, off = p->buf_len - len;
+	bool inject = len <= p->caps->inject_size;
+	int rc;
+
+	if (!len)
+		return 0;
+	for (;;) {
+		rc = p->ops->write_imm(p->ep, p->peer, p->src + off, len, p->smr,
+				       p->remote_raddr + off, p->remote_rkey, IMM_REQUEST | i,
+				       inject ? TFAB_WRITE_INJECT : 0, NULL);
+		if (rc != -EAGAIN)
+			break;
+		if (!raw_poll(s))
+			return s->err;
+	}
+	if (rc)
+		fprintf(stderr, "tfab-perf: posting a write: %s\n", tfab_strerror(rc));
+	else if (!inject)
+		(*signaled)++;
 	return rc;
 }
 
@@ -256,6 +292,9 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 			return rc;
 		if (!inject)
 			posted_signaled++;
+		rc = post_request(s, o, i, &posted_signaled);
+		if (rc)
+			return rc;
 		while (s->ping_seen != (int64_t)i)
 			if (!raw_poll(s))
 				return s->err;
@@ -264,6 +303,10 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	res->lat_us = (double)(t1 - t0) / 1000.0 / (2.0 * li);
 	if (o->verify && !perf_check(p->dst, size, size + 1))
 		res->verified = false;
+	/* --request-bytes: every round's message from the server, the last one too */
+	while (o->request_bytes && s->requests_seen < (uint64_t)li + lw)
+		if (!raw_poll(s))
+			return s->err;
 	return drain(s, posted_signaled);
 }
 
@@ -307,6 +350,9 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 			return rc;
 		if (!inject)
 			posted++;
+		rc = post_request(s, o, i, &posted);
+		if (rc)
+			return rc;
 	}
 	return drain(s, posted);
 }

@@ -149,6 +149,7 @@ want = {
     "--listen": "(default: a local pair)",
     "--connect": "",
     "--ranks": "(default 4, at most 64)",
+    "--request-bytes": "(at most 1024; default 0: none)",
     "--help": "",
 }
 assert set(opts) == set(want), sorted(opts)
@@ -158,6 +159,8 @@ assert re.search(r"^ +all +memcpy, raw, then tensor \(the default\)$", open(sys.
 ' "$out/help"
 "$bin/tfab-perf" --sizes 1X >/dev/null 2>&1
 check "tfab-perf rejects a bad size" [ $? = 2 ]
+"$bin/tfab-perf" raw --request-bytes 1025 >/dev/null 2>&1
+check "tfab-perf rejects a request size over 1 KiB" [ $? = 2 ]
 "$bin/tfab-perf" nosuchtest >/dev/null 2>&1
 check "tfab-perf rejects an unknown test" [ $? = 2 ]
 "$bin/tfab-perf" -p bogus -s 8 -n 2 >/dev/null 2>"$out/err"
@@ -263,6 +266,17 @@ assert len(raw) == 2 and len(tensor) == 2 and len(set(raw + tensor)) == 1, (raw,
 fabrics = json.load(open(sys.argv[2]))["fabrics"]
 assert any((f["backend"], f["fabric"], f["domain"]) == raw[0] for f in fabrics), raw[0]
 ' "$out/all" "$out/json"
+
+	# The raw ping-pong with a message each way per round, as the tensor test's requests: the
+	# client waits for every one of the server's (it would time out, were any lost).
+	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" raw -p "$perf_p" -s 8,4K -n 4 --json \
+		--verify --request-bytes 1024 --timeout 20000 >"$out/requests" 2>"$out/err"
+	check "tfab-perf raw --request-bytes 1024 --verify exits 0" [ $? = 0 ]
+	check "... every row verified" python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["bytes"] for r in rows] == [8, 4096] and all(r["verified"] for r in rows), rows
+' "$out/requests"
 
 	# A build that spoils one tensor a size: a bandwidth tensor at the first size (the client
 	# receives it), a ping at the second (the server does), none of an empty one.

@@ -6,7 +6,8 @@
 # streaming copy), on this machine in one run. Runs are interleaved (shm,
 # shm --heap-dst, ofi:shm, memcpy, shm, ...) so that drifting load hits all alike; the table
 # gives medians and the ratios that issue 10 sets as targets, for raw writes and for tensors
-# (into library-allocated destinations, tfab-perf's default):
+# (into library-allocated destinations, tfab-perf's default), and beside the tensor latency
+# the fabric's own share of it (raw writes with a request-sized message each way per round):
 #   8 B one-way latency   shm <= 0.4 x ofi:shm raw
 #   1 MiB bandwidth       shm >= 2 x ofi:shm raw
 #   64 MiB bandwidth      shm >= 0.9 x memcpy (one thread, 64 MiB, the same `all` run's)
@@ -36,6 +37,8 @@ trap 'rm -rf "$out"' EXIT
 	exit 2
 }
 failed=0
+small=$(tr ',' '\n' <<<"$sizes" | awk '/^[0-9]+$/ && $1 <= 64' | paste -sd,)
+: >"$out/shm-req"
 for ((i = 1; i <= reps; i++)); do
 	echo "run $i of $reps" >&2
 	timeout "$run_timeout" "$perf" all -p shm -s "$sizes" --json >"$out/run" || failed=1
@@ -45,6 +48,12 @@ for ((i = 1; i <= reps; i++)); do
 		>>"$out/shm-heap" || failed=1
 	FI_PROVIDER=shm timeout "$run_timeout" "$perf" raw -p ofi:shm -s "$sizes" --json \
 		>>"$out/ofi-shm" || failed=1
+	# the fabric's own share of the tensor ping-pong: raw with a request-sized message each
+	# way per round (a fetch's request with its TAKEN rider: about 96 bytes)
+	if [[ -n $small ]]; then
+		timeout "$run_timeout" "$perf" raw -p shm -s "$small" --request-bytes 96 --json \
+			>>"$out/shm-req" || failed=1
+	fi
 	timeout "$run_timeout" "$perf" memcpy -s 64M --json >>"$out/tfab-memcpy" || failed=1
 	"$memcpy_bw" $((64 << 20)) 5 >>"$out/memcpy" || failed=1
 done
@@ -61,6 +70,7 @@ def load(name):
             rows.setdefault(r.get("test") if name == "memcpy" else r["bytes"], []).append(r)
     return rows
 shm, heap, ofi, mc = load("shm"), load("shm-heap"), load("ofi-shm"), load("memcpy")
+req = load("shm-req")
 tensor, allmc = {}, {}
 for line in open(os.path.join(d, "all")):
     if line.startswith("{"):
@@ -100,7 +110,10 @@ for size in sorted(tensor):
     copies = max(r.get("copies", 0) for r in t)
     notes = []
     if size <= 64:
-        notes.append(f"lat tensor/ofi raw {tl / ol:.2f} (target <= 0.4)")
+        rl = med(req.get(size, []), "lat_us")
+        notes.append(f"lat tensor/ofi raw {tl / ol:.2f} (target <= 0.4); the fabric's share "
+                     f"(shm raw with a 96-byte request each way per round) {rl:.2f} us, "
+                     f"{rl / ol:.2f} of ofi raw")
     elif size == 1 << 20:
         notes.append(f"bw tensor/ofi raw {tg / og:.2f} (target >= 2)")
     elif size == 64 << 20:
