@@ -145,15 +145,16 @@ static bool raw_poll(struct raw_state *s)
 	return true;
 }
 
-static int post(struct raw_state *s, const void *buf, size_t len, uint32_t imm, bool inject)
+/* Write len bytes at off in the source to off in the peer's region, waiting out -EAGAIN. */
+static int post_at(struct raw_state *s, size_t off, size_t len, uint32_t imm, bool inject)
 {
 	struct perf_pair *p = s->p;
 	unsigned flags = inject ? TFAB_WRITE_INJECT : 0;
 	int rc;
 
 	for (;;) {
-		rc = p->ops->write_imm(p->ep, p->peer, buf, len, p->smr, p->remote_raddr,
-				       p->remote_rkey, imm, flags, NULL);
+		rc = p->ops->write_imm(p->ep, p->peer, p->src + off, len, p->smr,
+				       p->remote_raddr + off, p->remote_rkey, imm, flags, NULL);
 		if (rc != -EAGAIN)
 			break;
 		if (!raw_poll(s))
@@ -178,18 +179,8 @@ static int post_request(struct raw_state *s, const struct perf_opts *o, unsigned
 
 	if (!len)
 		return 0;
-	for (;;) {
-		rc = p->ops->write_imm(p->ep, p->peer, p->src + off, len, p->smr,
-				       p->remote_raddr + off, p->remote_rkey, IMM_REQUEST | i,
-				       inject ? TFAB_WRITE_INJECT : 0, NULL);
-		if (rc != -EAGAIN)
-			break;
-		if (!raw_poll(s))
-			return s->err;
-	}
-	if (rc)
-		fprintf(stderr, "tfab-perf: posting a write: %s\n", tfab_strerror(rc));
-	else if (!inject)
+	rc = post_at(s, off, len, IMM_REQUEST | i, inject);
+	if (rc == 0 && !inject)
 		(*signaled)++;
 	return rc;
 }
@@ -287,7 +278,7 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	for (unsigned i = 0; i < li + lw; i++) {
 		if (i == lw)
 			t0 = tfab__now_ns();
-		rc = post(s, p->src, size, IMM_PING | i, inject);
+		rc = post_at(s, 0, size, IMM_PING | i, inject);
 		if (rc)
 			return rc;
 		if (!inject)
@@ -322,7 +313,7 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 		memset(p->dst, 0, size);
 		perf_fill(p->src, size, size + 1);
 	}
-	rc = post(s, p->src, 0, IMM_READY, false);
+	rc = post_at(s, 0, 0, IMM_READY, false);
 	if (rc)
 		return rc;
 	posted++;
@@ -337,7 +328,7 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 			fprintf(stderr, "tfab-perf: %zu-byte writes arrived damaged or repeated\n",
 				size);
 	}
-	rc = post(s, p->src, 0, ok ? IMM_ACK_OK : IMM_ACK_BAD, false);
+	rc = post_at(s, 0, 0, ok ? IMM_ACK_OK : IMM_ACK_BAD, false);
 	if (rc)
 		return rc;
 	posted++;
@@ -345,7 +336,7 @@ static int server(struct raw_state *s, const struct perf_opts *o, size_t size)
 		while (s->ping_seen != (int64_t)i)
 			if (!raw_poll(s))
 				return s->err;
-		rc = post(s, p->src, size, IMM_PING | i, inject);
+		rc = post_at(s, 0, size, IMM_PING | i, inject);
 		if (rc)
 			return rc;
 		if (!inject)
@@ -404,7 +395,7 @@ int perf_raw_finish(struct perf_pair *p, const struct perf_opts *o)
 
 	s.deadline = tfab__now_ms() + (uint64_t)o->timeout_ms;
 	if (!p->client) {
-		rc = post(&s, p->src, 0, IMM_DONE, false);
+		rc = post_at(&s, 0, 0, IMM_DONE, false);
 		if (rc == 0)
 			rc = drain(&s, 1);
 		return rc;

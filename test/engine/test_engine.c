@@ -1504,6 +1504,13 @@ static DLTensor int32_scalar(int32_t *v, int64_t *one)
 	    .data = v, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLInt, 32, 1}, .shape = one};
 }
 
+/* n floats in host memory, as one dimension */
+static DLTensor float_vector(float *v, int64_t *n)
+{
+	return (DLTensor){
+	    .data = v, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 32, 1}, .shape = n};
+}
+
 /*
  * A callback that calls a blocking receive: it completes wherever the callback runs, on the
  * progress thread too (which then drives progress itself).
@@ -2559,11 +2566,7 @@ static int sc_leave_both_standing(struct mp *mp)
 	enum { STEPS = 6, DEPTH = 4, N = 1 << 18 }; /* 1 MiB tensors */
 	static float vals[N];
 	int64_t shape = N;
-	DLTensor t = {.data = vals,
-		      .device = {kDLCPU, 0},
-		      .ndim = 1,
-		      .dtype = {kDLFloat, 32, 1},
-		      .shape = &shape};
+	DLTensor t = float_vector(vals, &shape);
 	int other = 1 - mp->rank;
 	const char *mine = mp->rank ? "both1" : "both0", *theirs = mp->rank ? "both0" : "both1";
 	struct tfab_stats s1, s2;
@@ -2617,11 +2620,7 @@ static int sc_taken_then_left(struct mp *mp)
 	enum { N = 1 << 18 }; /* 1 MiB: written, not injected, so it has a completion */
 	static float vals[N];
 	int64_t shape = N;
-	DLTensor t = {.data = vals,
-		      .device = {kDLCPU, 0},
-		      .ndim = 1,
-		      .dtype = {kDLFloat, 32, 1},
-		      .shape = &shape};
+	DLTensor t = float_vector(vals, &shape);
 	struct done d = {0}, never = {0};
 
 	if (mp->rank == 0) {
