@@ -2,8 +2,10 @@
  * cuda-copy: the bound of the GPU proxy path's copies, measured as the engine makes them
  * (lib/cuda/cuda.c): cudaMemcpyAsync on a blocking stream, an event recorded after it, and
  * cudaEventQuery polled until it says done; beside it the synchronous cudaMemcpy. Between a
- * cudaMalloc'd buffer and host memory that is pageable (malloc) or pinned as the pool pins
- * its blocks (cudaHostRegister, portable), each direction, at 8 B to 64 MiB; medians.
+ * cudaMalloc'd buffer and host memory that is pageable (malloc), pinned as the pool pins
+ * its blocks (cudaHostRegister, portable), or a shared file mapping pinned so (a memfd,
+ * MAP_SHARED: the shm backend's segments, where its pool blocks live), each direction, at
+ * 8 B to 64 MiB; medians.
  * Then what single calls cost: launching an 8-byte copy, recording an event, querying a
  * finished one.
  *
@@ -13,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -35,7 +39,9 @@ int main(int argc, char **argv)
 	size_t max = 64 << 20;
 	cudaStream_t st;
 	cudaEvent_t ev;
-	void *dev, *host[2];
+	static const char *kinds[] = {"pageable", "pinned", "shared"};
+	void *dev, *host[3];
+	int fd;
 	double *t;
 
 	if (reps < 3 || !(t = calloc((size_t)reps, sizeof(*t))))
@@ -48,7 +54,13 @@ int main(int argc, char **argv)
 			return 2;
 		memset(host[k], 2, max);
 	}
+	fd = memfd_create("cuda-copy", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)max) ||
+	    (host[2] = mmap(NULL, max, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+		return 2;
+	memset(host[2], 2, max);
 	CHECK(cudaHostRegister(host[1], max, cudaHostRegisterPortable));
+	CHECK(cudaHostRegister(host[2], max, cudaHostRegisterPortable));
 	CHECK(cudaStreamCreateWithFlags(&st, cudaStreamDefault));
 	CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
 	printf("%-9s %-8s %-4s %10s %10s %10s %10s\n", "bytes", "host", "dir", "async us",
@@ -57,7 +69,7 @@ int main(int argc, char **argv)
 		size_t n = sizes[s];
 		int r = n >= max ? (reps + 2) / 3 : reps;
 
-		for (int k = 0; k < 2; k++) {
+		for (int k = 0; k < 3; k++) {
 			for (int d = 0; d < 2; d++) {
 				void *dst = d ? dev : host[k], *src = d ? host[k] : dev;
 				double a, y;
@@ -79,9 +91,9 @@ int main(int argc, char **argv)
 					t[i] = bench_now_us() - t0;
 				}
 				y = bench_median(t, r);
-				printf("%-9zu %-8s %-4s %10.1f %10.2f %10.1f %10.2f\n", n,
-				       k ? "pinned" : "pageable", d ? "h2d" : "d2h", a,
-				       (double)n / a / 1e3, y, (double)n / y / 1e3);
+				printf("%-9zu %-8s %-4s %10.1f %10.2f %10.1f %10.2f\n", n, kinds[k],
+				       d ? "h2d" : "d2h", a, (double)n / a / 1e3, y,
+				       (double)n / y / 1e3);
 			}
 		}
 	}
@@ -109,5 +121,8 @@ int main(int argc, char **argv)
 		       bench_median(t, reps));
 	}
 	CHECK(cudaHostUnregister(host[1]));
+	CHECK(cudaHostUnregister(host[2]));
+	munmap(host[2], max);
+	close(fd);
 	return 0;
 }
