@@ -180,12 +180,18 @@ static void send_settle(struct tfab_context *ctx, struct tfab_send *s)
 /*
  * Take s out of the table and queue its callback. A send failed while its write is in
  * flight stays allocated until the write completes (see tfab__ctx_unlock and
- * tfab__send_on_write_done); its registration is released then.
+ * tfab__send_on_write_done); its registration is released then. A send whose TAKEN has come
+ * ends delivered, whatever ends it: a live receive has it. Its TAKEN may come before its
+ * write's own completion (fabrics report the two on different queues; shm reads its
+ * completions after what arrived), and its peer's failure or LEAVE, a step cleanup or an
+ * abort, before that completion or instead of it.
  */
 static void send_finish(struct tfab_context *ctx, struct tfab_send *s, int status)
 {
 	if (s->state == TFAB_SEND_DONE)
 		return;
+	if (s->taken)
+		status = 0;
 	tfab__htable_remove(&ctx->sends, &s->node);
 	tfab__list_del(&s->link);
 	stage_drain(ctx, s);
@@ -789,12 +795,9 @@ void tfab__sends_retry(struct tfab_context *ctx)
 	}
 }
 
-/*
- * Every send matching the filter ends with status; with taken_ok, those whose TAKEN has come
- * end delivered instead.
- */
+/* Every send matching the filter ends with status. */
 static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_send *, void *),
-			   void *arg, int status, bool taken_ok)
+			   void *arg, int status)
 {
 	for (size_t i = 0; i < ctx->sends.nbuckets; i++) {
 		struct tfab_hnode *n = ctx->sends.buckets[i], *next;
@@ -804,7 +807,7 @@ static void sends_for_each(struct tfab_context *ctx, bool (*match)(struct tfab_s
 
 			next = n->next;
 			if (match(s, arg))
-				send_finish(ctx, s, taken_ok && s->taken ? 0 : status);
+				send_finish(ctx, s, status);
 		}
 	}
 }
@@ -832,15 +835,9 @@ unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer)
 	return n;
 }
 
-/*
- * A send the peer reported taken before its write's own completion came (a fabric reports the
- * two on different queues, and shm reads its completions after what arrived) is delivered: a
- * live receive has it. It ends so, not with the peer's failure, which may come next (its
- * LEAVE), before that completion, or instead of it.
- */
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status)
 {
-	sends_for_each(ctx, bound_to, peer, status, true);
+	sends_for_each(ctx, bound_to, peer, status);
 	for (size_t i = 0; i < ctx->parked.nbuckets; i++) {
 		struct tfab_hnode *n = ctx->parked.buckets[i], *next;
 
@@ -873,7 +870,7 @@ void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int s
 
 	struct tfab_hnode *doomed = NULL;
 
-	sends_for_each(ctx, of_step, &f, status, false);
+	sends_for_each(ctx, of_step, &f, status);
 	/*
 	 * Out of the tables first, answered after: a reply that fails its peer frees that peer's
 	 * parked requests, the walk's next one among them.
