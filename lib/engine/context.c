@@ -127,7 +127,8 @@ static void deliver(struct tfab_context *ctx)
 	}
 	tfab_list_for_each_safe(l, t, &reqs)
 	{
-		free(tfab_container_of(l, struct tfab_request, done_link));
+		tfab__freelist_put(&ctx->req_fl,
+				   tfab_container_of(l, struct tfab_request, done_link));
 	}
 	tfab_list_for_each_safe(l, t, &sends)
 	{
@@ -415,6 +416,7 @@ int tfab_context_create_with(struct tfab_context **ctx_p, const char *const *nam
 	/* A send is kilobytes (its key, twice): beyond what malloc keeps at hand per size. */
 	ctx->send_fl = TFAB_FREELIST_INIT(struct tfab_send, 16);
 	ctx->parked_fl = TFAB_FREELIST_INIT(struct tfab_response, 16);
+	ctx->req_fl = TFAB_FREELIST_INIT(struct tfab_request, 16);
 	/* Blocking receives wait on it with deadlines from tfab__now_ms(). */
 	tfab__cond_init_monotonic(&ctx->cond);
 	tfab__list_init(&ctx->peers);
@@ -471,6 +473,7 @@ err:
 	tfab__htable_fini(&ctx->parked);
 	tfab__freelist_fini(&ctx->send_fl);
 	tfab__freelist_fini(&ctx->parked_fl);
+	tfab__freelist_fini(&ctx->req_fl);
 	tfab__paths_close(ctx);
 	tfab__cuda_close(ctx->cuda);
 	tfab__auth_unload(ctx);
@@ -644,6 +647,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	tfab__htable_fini(&ctx->parked);
 	tfab__freelist_fini(&ctx->send_fl);
 	tfab__freelist_fini(&ctx->parked_fl);
+	tfab__freelist_fini(&ctx->req_fl);
 	free(ctx->peer_by_id);
 	free(ctx->reqs);
 	free(ctx->req_gen);

@@ -393,6 +393,7 @@ struct tfab_context {
 	struct tfab_htable sends;
 	struct tfab_freelist send_fl;	 /* struct tfab_send, taken and put under the lock */
 	struct tfab_freelist parked_fl;	 /* struct tfab_response (parked), the same way */
+	struct tfab_freelist req_fl;	 /* struct tfab_request, the same way */
 	struct tfab_htable parked;	 /* struct tfab_response by (key, step) */
 	struct tfab_list writes_pending; /* content writes that met -EAGAIN */
 	struct tfab_list staging;	 /* GPU sends whose chunks are being staged */

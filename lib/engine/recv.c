@@ -667,7 +667,7 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 static int request_new(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 		       uint16_t key_len, int64_t step, struct tfab_request **r_p)
 {
-	struct tfab_request *r = malloc(sizeof(*r));
+	struct tfab_request *r = tfab__freelist_get(&ctx->req_fl);
 	int rc;
 
 	if (!r)
@@ -686,7 +686,7 @@ static int request_new(struct tfab_context *ctx, struct tfab_peer *peer, const c
 	tfab__list_init(&r->ahead_link);
 	rc = index_alloc(ctx, r);
 	if (rc) {
-		free(r);
+		tfab__freelist_put(&ctx->req_fl, r);
 		return rc;
 	}
 	*r_p = r;
@@ -698,7 +698,7 @@ static void request_discard(struct tfab_request *r)
 {
 	dest_release(r, false);
 	index_free(r->ctx, r);
-	free(r);
+	tfab__freelist_put(&r->ctx->req_fl, r);
 }
 
 /*
