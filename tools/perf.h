@@ -34,6 +34,7 @@ struct perf_opts {
 	bool heap_dst;		/* raw: destinations from malloc even where mem_alloc is offered */
 	unsigned no_request;	/* tensor: requests kept standing ahead per key (0: off) */
 	unsigned request_bytes; /* raw: a message of this many bytes each way per round (0: none) */
+	bool breakdown;		/* tensor: each side's ping-pong round by call, on stderr */
 	int timeout_ms;		/* bound of every wait */
 	const char *listen_port; /* --listen */
 	const char *connect_to;	 /* --connect */

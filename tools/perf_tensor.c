@@ -27,6 +27,10 @@
 #include "util/sock.h"
 #include "util/time.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
 #ifdef TFAB_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -96,6 +100,23 @@ static void buf_release(bool cuda, uint8_t *buf)
 	free(buf);
 }
 
+/* What --breakdown splits a ping-pong round into. */
+enum { BD_PROGRESS_WORK, BD_PROGRESS_IDLE, BD_SEND, BD_RECV, BD_N };
+
+/*
+ * --breakdown's clock: the time-stamp counter where there is one (a few nanoseconds a read;
+ * a round is a few hundred), else the monotonic clock. Its ticks become time by the timed
+ * loop's own length, as the shares they are of it.
+ */
+static inline uint64_t ticks(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	return __rdtsc();
+#else
+	return tfab__now_ns();
+#endif
+}
+
 /* One transfer's tensor: a bandwidth slot, a ping-pong side, or a control tensor. */
 struct xfer {
 	struct tstate *s;
@@ -127,7 +148,13 @@ struct tstate {
 	 * of two */
 	struct xfer tx[2 + 64 / 2], rx[2];
 	unsigned no_request; /* --no-request: its depth */
-	struct xfer ctl;     /* the verdict, the last barrier */
+	/*
+	 * --breakdown: the ticks (and calls) of the ping-pong's timed rounds by what this side's
+	 * thread was in; counted while timing is set
+	 */
+	bool breakdown, timing;
+	uint64_t ticks[BD_N], calls[BD_N];
+	struct xfer ctl; /* the verdict, the last barrier */
 	uint8_t ctl_byte;
 	/* the report of a size: the server's fabric writes, then its verdict (one byte) */
 	uint8_t report[9];
@@ -203,13 +230,24 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	s->received++;
 }
 
+/* --breakdown: a call of kind k, which began at t0, has returned. */
+static void tally(struct tstate *s, int k, uint64_t t0)
+{
+	s->ticks[k] += ticks() - t0;
+	s->calls[k]++;
+}
+
 /* Progress until *count reaches want; false on an error or the deadline. */
 static bool wait_count(struct tstate *s, volatile uint64_t *count, uint64_t want)
 {
 	/* the clock every 64 polls: reading it costs about as much as an idle poll */
 	for (unsigned polls = 0; *count < want && !s->err; polls++) {
-		if (tfab_progress(s->ctx) < 0 ||
-		    (polls % 64 == 63 && tfab__now_ms() > s->deadline)) {
+		uint64_t t = s->timing ? ticks() : 0;
+		int n = tfab_progress(s->ctx);
+
+		if (s->timing)
+			tally(s, n > 0 ? BD_PROGRESS_WORK : BD_PROGRESS_IDLE, t);
+		if (n < 0 || (polls % 64 == 63 && tfab__now_ms() > s->deadline)) {
 			if (!s->err)
 				s->err = -ETIMEDOUT;
 			break;
@@ -237,6 +275,7 @@ static void xfer_init(struct xfer *x, struct tstate *s, void *data, size_t size,
 static int xfer_post(struct xfer *x, bool send, const char *key, int64_t step, uint64_t seed)
 {
 	struct tstate *s = x->s;
+	uint64_t t;
 	int rc = 0;
 
 	x->key = key;
@@ -248,8 +287,11 @@ static int xfer_post(struct xfer *x, bool send, const char *key, int64_t step, u
 	if (rc)
 		return rc;
 	x->busy = true;
+	t = s->timing ? ticks() : 0;
 	rc = send ? tfab_send(s->ctx, key, step, &x->t, false, on_sent, x)
 		  : tfab_recv(s->ctx, s->peer, key, step, s->pool_dest ? NULL : &x->t, on_recv, x);
+	if (s->timing)
+		tally(s, send ? BD_SEND : BD_RECV, t);
 	if (rc) {
 		x->busy = false;
 		fprintf(stderr, "tfab-perf: posting: %s\n", tfab_strerror(rc));
@@ -299,6 +341,37 @@ static int exchange_report(struct tstate *s, bool client, int64_t step, uint64_t
 }
 
 /*
+ * --breakdown: where this side's thread spent the ping-pong's rounds (round_us each, total
+ * ticks in all), as shares of the round, with the calls a round of each kind.
+ */
+static void breakdown_print(const struct tstate *s, bool client, size_t size, unsigned rounds,
+			    double round_us, uint64_t total)
+{
+	static const char *const what[BD_N] = {
+	    [BD_PROGRESS_WORK] = "progress that found work",
+	    [BD_PROGRESS_IDLE] = "progress that found none",
+	    [BD_SEND] = "tfab_send",
+	    [BD_RECV] = "tfab_recv",
+	};
+	char line[512];
+	size_t off = 0;
+	uint64_t rest = total;
+
+	if (!total || !rounds)
+		return;
+	off += (size_t)snprintf(line, sizeof(line),
+				"tfab-perf: breakdown, %s, %zu bytes: a round %.3f us:",
+				client ? "client" : "server", size, round_us);
+	for (int k = 0; k < BD_N; k++) {
+		rest -= s->ticks[k] < rest ? s->ticks[k] : rest;
+		off += (size_t)snprintf(
+		    line + off, sizeof(line) - off, " %s %.0f%% (%.2f a round);", what[k],
+		    100.0 * (double)s->ticks[k] / (double)total, (double)s->calls[k] / rounds);
+	}
+	fprintf(stderr, "%s the tool's loop %.0f%%\n", line, 100.0 * (double)rest / (double)total);
+}
+
+/*
  * One size. bufs[0] to bufs[3]: the shared buffer of the bandwidth slots and the first
  * ping-pong send, the ping-pong receives', the second send's; slot_bufs: with --verify, a
  * buffer per bandwidth slot instead.
@@ -319,7 +392,7 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	unsigned warm = iters / 10 > 2 * window ? iters / 10 : 2 * window, total = warm + iters;
 	unsigned lat_n = perf_lat_iters(iters), lat_warm = 2 * (2 + depth);
 	struct xfer *tx = s->tx, *rx = s->rx;
-	uint64_t posted = 0, t0 = 0, writes = writes_of(s->ctx), peer_writes = 0;
+	uint64_t posted = 0, t0 = 0, tk0 = 0, writes = writes_of(s->ctx), peer_writes = 0;
 
 	if (lat_n / 10 > lat_warm)
 		lat_warm = lat_n / 10;
@@ -393,8 +466,13 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 	for (unsigned i = 0; i < lat_n + lat_warm; i++) {
 		int64_t step = step_base + i;
 
-		if (i == lat_warm)
+		if (i == lat_warm) {
+			memset(s->ticks, 0, sizeof(s->ticks));
+			memset(s->calls, 0, sizeof(s->calls));
+			s->timing = s->breakdown;
+			tk0 = ticks();
 			t0 = tfab__now_ns();
+		}
 		/* the send of `lag` rounds ago is done with its tensor */
 		if (!client && !wait_count(s, &s->received, i + 1))
 			return s->err;
@@ -418,6 +496,9 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 			return rc;
 	}
 	res->lat_us = (double)(tfab__now_ns() - t0) / 1000.0 / (2.0 * lat_n);
+	if (s->timing)
+		breakdown_print(s, client, size, lat_n, res->lat_us * 2.0, ticks() - tk0);
+	s->timing = false;
 	if (!wait_count(s, &s->sent, lat_n + lat_warm))
 		return s->err;
 	res->iters = iters;
@@ -450,7 +531,8 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 	struct tstate s = {.verify = o->verify,
 			   .cuda = o->cuda,
 			   .pool_dest = !o->cuda && !o->heap_dst,
-			   .no_request = o->no_request};
+			   .no_request = o->no_request,
+			   .breakdown = o->breakdown};
 	struct tfab_stats st;
 	uint8_t *bufs[4] = {0}, *slot_bufs[64] = {0};
 	size_t maxsize = 1, slot_len = 0;

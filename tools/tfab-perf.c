@@ -126,6 +126,10 @@ static void usage(FILE *f)
 	    "                       round, after its ping, as a tensor fetch's request goes\n"
 	    "                       after the send: the fabric's own bound for the tensor\n"
 	    "                       ping-pong (at most 1024; default 0: none)\n"
+	    "      --breakdown      tensor: each side prints, per size, where its thread spent\n"
+	    "                       the ping-pong's rounds: progress calls that found work\n"
+	    "                       (callbacks included), those that found none, tfab_send,\n"
+	    "                       tfab_recv, and the tool's own loop (on stderr)\n"
 	    "      --ranks N        allreduce: local ranks to start (default 4, at most 64)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
 	    "      --json           one JSON object per size (default: a table)\n"
@@ -215,6 +219,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 		OPT_HEAP_DST,
 		OPT_NO_REQUEST,
 		OPT_REQUEST_BYTES,
+		OPT_BREAKDOWN,
 		OPT_RANKS
 	};
 	static const struct option longopts[] = {
@@ -226,6 +231,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	    {"heap-dst", no_argument, NULL, OPT_HEAP_DST},
 	    {"no-request", optional_argument, NULL, OPT_NO_REQUEST},
 	    {"request-bytes", required_argument, NULL, OPT_REQUEST_BYTES},
+	    {"breakdown", no_argument, NULL, OPT_BREAKDOWN},
 	    {"device", required_argument, NULL, OPT_DEVICE},
 	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
 	    {"ranks", required_argument, NULL, OPT_RANKS},
@@ -273,6 +279,9 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			break;
 		case OPT_HEAP_DST:
 			o->heap_dst = true;
+			break;
+		case OPT_BREAKDOWN:
+			o->breakdown = true;
 			break;
 		case OPT_NO_REQUEST:
 			v = 16;

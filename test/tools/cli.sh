@@ -150,6 +150,7 @@ want = {
     "--connect": "",
     "--ranks": "(default 4, at most 64)",
     "--request-bytes": "(at most 1024; default 0: none)",
+    "--breakdown": "tfab_recv, and the tool",
     "--help": "",
 }
 assert set(opts) == set(want), sorted(opts)
@@ -277,6 +278,32 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["bytes"] for r in rows] == [8, 4096] and all(r["verified"] for r in rows), rows
 ' "$out/requests"
+
+	# --breakdown: each side says, per size, where its ping-pong's rounds went: one send a
+	# round, at least one progress call that found work (a round receives), shares that add
+	# up to the whole; the JSON rows as without it.
+	timeout 100 env -u FI_PROVIDER "$bin/tfab-perf" tensor -p "$perf_p" -s 8,4K -n 50 --json \
+		--breakdown --timeout 20000 >"$out/bd" 2>"$out/bd_err"
+	check "tfab-perf tensor --breakdown exits 0" [ $? = 0 ]
+	check "... a line per side and size, each adding up" python3 -c '
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["bytes"] for r in rows] == [8, 4096], rows
+lines = [l for l in open(sys.argv[2]) if l.startswith("tfab-perf: breakdown")]
+seen = set()
+for l in lines:
+    m = re.match(r"tfab-perf: breakdown, (client|server), (\d+) bytes: a round ([0-9.]+) us:", l)
+    assert m, l
+    seen.add((m[1], int(m[2])))
+    parts = dict((k, (float(p), float(c))) for k, p, c in
+                 re.findall(r" ([a-z_ ]+) (\d+)% \(([0-9.]+) a round\)", l))
+    rest = float(re.search(r"the tool.s loop (\d+)%", l)[1])
+    assert set(parts) == {"progress that found work", "progress that found none",
+                          "tfab_send", "tfab_recv"}, l
+    assert parts["tfab_send"][1] == 1.0 and parts["progress that found work"][1] >= 1.0, l
+    assert abs(sum(p for p, c in parts.values()) + rest - 100) <= 3, l
+assert seen == {(s, b) for s in ("client", "server") for b in (8, 4096)}, seen
+' "$out/bd" "$out/bd_err"
 
 	# A build that spoils one tensor a size: a bandwidth tensor at the first size (the client
 	# receives it), a ping at the second (the server does), none of an empty one.
