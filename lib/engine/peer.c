@@ -1466,14 +1466,14 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 				   peer->id, (int)key_len, key, e->meta.ndim,
 				   (unsigned long long)e->meta.nbytes, meta->ndim,
 				   (unsigned long long)meta->nbytes);
-		e->meta = *meta;
+		tfab__meta_copy(&e->meta, meta);
 		return 0;
 	}
 	e = malloc(sizeof(*e) + key_len);
 	if (!e)
 		return -ENOMEM;
 	tfab__list_init(&e->ahead);
-	e->meta = *meta;
+	tfab__meta_copy(&e->meta, meta);
 	e->key_index = 0;
 	e->key_len = key_len;
 	e->peer = peer;

@@ -352,7 +352,7 @@ static struct tfab_wire_msg request_msg(struct tfab_request *r, struct tfab_meta
 
 	if (r->meta_valid) {
 		m.flags |= TFAB_MSGF_META_VALID;
-		m.meta = r->meta;
+		tfab__meta_copy(&m.meta, &r->meta);
 	}
 	tfab__key_index_request(r->peer, e, &m);
 	return m;
@@ -646,7 +646,7 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	if (r->state == TFAB_REQ_DONE)
 		return;		/* a cancel failed the peer, and r with it */
 	dest_release(r, false); /* the sender does not write into a mismatched destination */
-	r->meta = m->meta;
+	tfab__meta_copy(&r->meta, &m->meta);
 	r->meta_valid = true;
 	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld: meta-data from peer %u%s", r->key,
 		   (long long)r->step, peer->id,
@@ -717,7 +717,7 @@ static int ahead_new(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t 
 		return rc;
 	r->standing = true;
 	r->lazy_taken = true;
-	r->meta = e->meta;
+	tfab__meta_copy(&r->meta, &e->meta);
 	r->meta_valid = true;
 	rc = dest_prepare(r);
 	if (rc) {
@@ -989,13 +989,13 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 	r->sync = sync;
 	if (e) {
 		ctx->stats.meta_hits++;
-		r->meta = e->meta;
+		tfab__meta_copy(&r->meta, &e->meta);
 		r->meta_valid = true;
 		if (!a->dest && !a->like && !a->strings)
 			depth = tfab__ahead_depth(peer, key, (uint16_t)key_len);
 	} else {
 		ctx->stats.meta_misses++;
-		memset(&r->meta, 0, sizeof(r->meta));
+		memset(&r->meta, 0, offsetof(struct tfab_wire_meta, shape));
 	}
 	/*
 	 * A caller's destination says what it expects: ask for exactly that, or, taking any
@@ -1006,10 +1006,10 @@ static int recv_start(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 		if (!e || !(r->flags & TFAB_RECV_ANY_SHAPE) || e->meta.is_dead ||
 		    e->meta.dtype_code != um.dtype_code || e->meta.dtype_bits != um.dtype_bits ||
 		    e->meta.dtype_lanes != um.dtype_lanes || e->meta.nbytes > um.nbytes)
-			r->meta = um;
+			tfab__meta_copy(&r->meta, &um);
 	} else if (a->like) {
 		r->meta_valid = true;
-		r->meta = um;
+		tfab__meta_copy(&r->meta, &um);
 	}
 	rc = r->meta_valid ? dest_prepare(r) : 0;
 	if (rc == 0)

@@ -229,8 +229,9 @@ static void take_parked(struct tfab_context *ctx, struct tfab_send *s, struct tf
 {
 	tfab__htable_remove(&ctx->parked, &p->node);
 	tfab__htable_remove(&p->peer->answers, &p->inode);
-	/* all but its key (the send's own) */
-	memcpy(&s->resp, p, offsetof(struct tfab_response, key_len));
+	/* all but its key (the send's own), the shape as far as it goes */
+	memcpy(&s->resp, p, offsetof(struct tfab_response, meta));
+	tfab__meta_copy(&s->resp.meta, &p->meta);
 	s->resp.send = s;
 	tfab__freelist_put(&ctx->parked_fl, p);
 }
@@ -537,7 +538,7 @@ static void park(struct tfab_context *ctx, struct tfab_peer *peer, const struct 
 	p->dest_raddr = m->dest_raddr;
 	p->dest_rkey = m->dest_rkey;
 	p->dest_capacity = m->dest_capacity;
-	p->meta = m->meta;
+	tfab__meta_copy(&p->meta, &m->meta);
 	p->key_len = m->key_len;
 	memcpy(p->key, m->key, m->key_len);
 	if (tfab__htable_insert(&peer->answers, &p->inode, index_hash(p->req_index))) {
@@ -588,7 +589,7 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 	s->resp.dest_raddr = m->dest_raddr;
 	s->resp.dest_rkey = m->dest_rkey;
 	s->resp.dest_capacity = m->dest_capacity;
-	s->resp.meta = m->meta;
+	tfab__meta_copy(&s->resp.meta, &m->meta);
 	answer(ctx, s);
 }
 
@@ -945,7 +946,7 @@ int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char 
 	s->waiting_ms = tfab__coarse_ms();
 	tfab__list_init(&s->stage_link);
 	tfab__list_init(&s->live_link);
-	s->meta = *meta;
+	tfab__meta_copy(&s->meta, meta);
 	s->cb = cb;
 	s->arg = arg;
 	s->state = TFAB_SEND_WAITING;

@@ -59,7 +59,8 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 	}
 	if (t->dtype.bits == 0 || t->dtype.lanes == 0 || (t->ndim && !t->shape))
 		return -EINVAL;
-	memset(meta, 0, sizeof(*meta));
+	/* the shape is written as far as ndim, below: the rest is never read */
+	memset(meta, 0, offsetof(struct tfab_wire_meta, shape));
 	meta->dtype_code = t->dtype.code;
 	meta->dtype_bits = t->dtype.bits;
 	meta->dtype_lanes = t->dtype.lanes;

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TFAB_WIRE_VERSION 7
 #define TFAB_WIRE_MAGIC 0x42414654u
@@ -264,6 +265,18 @@ int tfab__wire_slot_next(struct tfab_wire_slot_reader *rd, struct tfab_wire_msg 
 
 /* Whether two meta-data are the same tensor layout (dtype, is_dead, shape, nbytes). */
 bool tfab__wire_meta_equal(const struct tfab_wire_meta *a, const struct tfab_wire_meta *b);
+
+/*
+ * *dst = *src as far as the shape's ndim entries: those past them are never read (a decode
+ * leaves them as they were too), and a whole meta-data is 272 bytes, copied several times a
+ * fetch, where most tensors have a few dimensions.
+ */
+static inline void tfab__meta_copy(struct tfab_wire_meta *dst, const struct tfab_wire_meta *src)
+{
+	unsigned ndim = src->ndim < TFAB_MAX_DIMS ? src->ndim : TFAB_MAX_DIMS;
+
+	memcpy(dst, src, offsetof(struct tfab_wire_meta, shape) + sizeof(src->shape[0]) * ndim);
+}
 /*
  * Whether a request that gave asked, with room for capacity bytes, can take content of have:
  * the same layout, or string tensors of the same shape whose serialized size changed and
