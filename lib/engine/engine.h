@@ -260,7 +260,8 @@ struct tfab_request {
 	size_t dest_cap;
 	struct tfab_mr *dest_mr;
 	bool dest_pool;
-	void *gpu_dest; /* a GPU destination: dest is its host proxy, copied in at the end */
+	void *dest_owner; /* a pool block's holder storage: its managed tensor goes there */
+	void *gpu_dest;	  /* a GPU destination: dest is its host proxy, copied in at the end */
 	enum tfab_req_state state;
 	int status;
 	bool is_dead;
@@ -716,8 +717,12 @@ static inline bool tfab__on_gpu(const DLTensor *t)
 	return t && t->device.device_type == kDLCUDA;
 }
 int tfab__check_gpu(struct tfab_context *ctx, const DLTensor *t);
+/*
+ * The DLManagedTensor that hands data (a pool block, or NULL) to the application, with meta's
+ * dtype and shape; in owner, the block's holder storage (tfab__pool_alloc_owned), where given.
+ */
 DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
-				   void *data);
+				   void *data, void *owner);
 /* A view of the caller's tensor dest with meta's shape: its deleter frees the view alone. */
 DLManagedTensor *tfab__view_new(const struct tfab_wire_meta *meta, const DLTensor *dest);
 

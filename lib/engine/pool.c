@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 
 #include "cuda/cuda.h"
 #include "engine/pool.h"
+#include "util/list.h"
 #include "util/log.h"
 
 #define SUBSYS "pool"
@@ -43,6 +45,8 @@ struct pool_block {
 	struct tfab_mr *mr[TFAB_MAX_PATHS]; /* per endpoint, NULL until used there */
 	struct pool_block *next;	    /* free list, or trim's victims */
 	struct pool_block *hnext;	    /* hash */
+	/* its holder's (tfab__pool_alloc_owned) while out */
+	_Alignas(max_align_t) unsigned char owner[TFAB_POOL_OWNER_BYTES];
 };
 
 struct tfab_pool {
@@ -259,6 +263,12 @@ int tfab__pool_destroy(struct tfab_pool *p)
 int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_p,
 		     struct tfab_mr **mr_p)
 {
+	return tfab__pool_alloc_owned(p, path, len, buf_p, mr_p, NULL);
+}
+
+int tfab__pool_alloc_owned(struct tfab_pool *p, unsigned path, size_t len, void **buf_p,
+			   struct tfab_mr **mr_p, void **owner_p)
+{
 	struct pool_block *b;
 	int cls, rc;
 
@@ -284,6 +294,8 @@ int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_
 			return rc;
 		}
 		*buf_p = b->buf;
+		if (owner_p)
+			*owner_p = b->owner;
 		return 0;
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -323,6 +335,8 @@ int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_
 	p->st.allocs++;
 	pthread_mutex_unlock(&p->lock);
 	*buf_p = b->buf;
+	if (owner_p)
+		*owner_p = b->owner;
 	return 0;
 
 err_reg:
@@ -352,18 +366,40 @@ static struct pool_block *lock_block_out(struct tfab_pool *p, void *buf, const c
 	return NULL;
 }
 
-void tfab__pool_free(struct tfab_pool *p, void *buf)
+/* b, out, back on its free list; the lock held, and dropped here. */
+static void block_put_unlock(struct tfab_pool *p, struct pool_block *b)
 {
-	struct pool_block *b;
-
-	if (!p || !buf || !(b = lock_block_out(p, buf, "freed")))
-		return;
 	b->out = false;
 	b->next = p->free_list[b->cls];
 	p->free_list[b->cls] = b;
 	p->st.bytes_cached += b->size;
 	p->st.blocks_out--;
 	pthread_mutex_unlock(&p->lock);
+}
+
+void tfab__pool_free(struct tfab_pool *p, void *buf)
+{
+	struct pool_block *b;
+
+	if (!p || !buf || !(b = lock_block_out(p, buf, "freed")))
+		return;
+	block_put_unlock(p, b);
+}
+
+void tfab__pool_free_owned(struct tfab_pool *p, void *owner)
+{
+	struct pool_block *b;
+
+	if (!p || !owner)
+		return;
+	b = tfab_container_of(owner, struct pool_block, owner);
+	pthread_mutex_lock(&p->lock);
+	if (!b->out) {
+		pthread_mutex_unlock(&p->lock);
+		TFAB_ERROR(SUBSYS, "%p is already free (freed twice?); not freed", b->buf);
+		return;
+	}
+	block_put_unlock(p, b);
 }
 
 void tfab__pool_trim(struct tfab_pool *p)

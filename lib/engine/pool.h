@@ -48,6 +48,19 @@ int tfab__pool_destroy(struct tfab_pool *p);
 int tfab__pool_alloc(struct tfab_pool *p, unsigned path, size_t len, void **buf_p,
 		     struct tfab_mr **mr_p);
 
+/*
+ * Bytes kept with each block for its holder (tfab__pool_alloc_owned): the DLManagedTensor a
+ * receive hands the block out in, so that it costs no allocation of its own.
+ */
+#define TFAB_POOL_OWNER_BYTES 384
+
+/*
+ * tfab__pool_alloc, and *owner_p: TFAB_POOL_OWNER_BYTES of storage (suitably aligned) that go
+ * with the block while it is out; tfab__pool_free_owned(owner) returns the block.
+ */
+int tfab__pool_alloc_owned(struct tfab_pool *p, unsigned path, size_t len, void **buf_p,
+			   struct tfab_mr **mr_p, void **owner_p);
+
 /* A handed-out block's registration on endpoint `path`, made there at its first use. */
 int tfab__pool_mr(struct tfab_pool *p, void *buf, unsigned path, struct tfab_mr **mr_p);
 
@@ -62,6 +75,12 @@ void tfab__pool_pin(struct tfab_pool *p, void *buf, struct tfab_cuda *cu);
 
 /* Return a block from tfab__pool_alloc. Any thread; does not deregister. */
 void tfab__pool_free(struct tfab_pool *p, void *buf);
+
+/*
+ * Return the block whose holder's storage is owner (tfab__pool_alloc_owned), without looking
+ * its address up. Any thread; owner is the pool's again on return.
+ */
+void tfab__pool_free_owned(struct tfab_pool *p, void *owner);
 
 /*
  * Take a block out of use for good instead of returning it (engine lock held): a peer may

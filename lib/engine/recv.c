@@ -121,7 +121,8 @@ static int pool_dest(struct tfab_request *r, uint64_t n)
 			   (unsigned long long)ctx->inflight_limit);
 		return -EMSGSIZE;
 	}
-	rc = tfab__pool_alloc(ctx->pool, peer->path->index, n, &r->dest, &r->dest_mr);
+	rc = tfab__pool_alloc_owned(ctx->pool, peer->path->index, n, &r->dest, &r->dest_mr,
+				    &r->dest_owner);
 	if (rc)
 		return rc;
 	r->dest_pool = true;
@@ -435,7 +436,9 @@ static void request_take(struct tfab_request *r, uint64_t nbytes)
 		if (rc == 0 && r->user_dest)
 			r->view_due = true;
 		else if (rc == 0)
-			r->out = tfab__managed_new(ctx, &r->meta, r->dest_pool ? r->dest : NULL);
+			r->out = r->dest_pool
+				     ? tfab__managed_new(ctx, &r->meta, r->dest, r->dest_owner)
+				     : tfab__managed_new(ctx, &r->meta, NULL, NULL);
 		if (rc == 0 && !r->out && !r->view_due)
 			rc = -ENOMEM;
 		if (r->out && !r->user_dest) {
@@ -444,6 +447,7 @@ static void request_take(struct tfab_request *r, uint64_t nbytes)
 			r->dest = NULL;
 			r->dest_mr = NULL;
 			r->dest_pool = false;
+			r->dest_owner = NULL;
 		}
 	}
 	if (rc == 0)

@@ -107,22 +107,34 @@ int tfab__check_gpu(struct tfab_context *ctx, const DLTensor *t)
 	return -EOPNOTSUPP;
 }
 
-/* A DLManagedTensor and its shape in one allocation; its deleter returns the block. */
+/*
+ * A DLManagedTensor and its shape in one piece: in its pool block's holder storage
+ * (tfab__pool_alloc_owned), else allocated. Its deleter returns the block.
+ */
 struct tfab_managed {
 	DLManagedTensor dl;
 	struct tfab_context *ctx;
+	bool in_block; /* the block's holder storage: returned with the block */
 	int64_t shape[TFAB_MAX_DIMS];
 };
+
+_Static_assert(sizeof(struct tfab_managed) <= TFAB_POOL_OWNER_BYTES,
+	       "a managed tensor fits its pool block's holder storage");
 
 static void managed_delete(DLManagedTensor *dl)
 {
 	struct tfab_managed *m = (struct tfab_managed *)dl;
 	struct tfab_context *ctx = m->ctx;
 
-	if (m->dl.dl_tensor.data)
-		tfab__pool_free(ctx->pool, m->dl.dl_tensor.data);
+	if (m->in_block) {
+		tfab__pool_free_owned(ctx->pool, m); /* m is the pool's again */
+	} else {
+		if (m->dl.dl_tensor.data)
+			tfab__pool_free(ctx->pool, m->dl.dl_tensor.data);
+		free(m);
+	}
+	/* after the block's return: a context destroyed once this reads 0 has no pool */
 	__atomic_fetch_sub(&ctx->managed_out, 1, __ATOMIC_RELEASE);
-	free(m);
 }
 
 /* t's dtype, shape (into shape, the tensor's own storage) and data, from meta. */
@@ -139,15 +151,16 @@ static void tensor_of_meta(DLTensor *t, const struct tfab_wire_meta *meta, int64
 }
 
 DLManagedTensor *tfab__managed_new(struct tfab_context *ctx, const struct tfab_wire_meta *meta,
-				   void *data)
+				   void *data, void *owner)
 {
-	struct tfab_managed *m = malloc(sizeof(*m));
+	struct tfab_managed *m = owner ? owner : malloc(sizeof(*m));
 
 	if (!m)
 		return NULL;
 	/* The shape's storage is written as far as ndim, not zeroed: one per receive. */
 	memset(m, 0, offsetof(struct tfab_managed, shape));
 	m->ctx = ctx;
+	m->in_block = owner != NULL;
 	tensor_of_meta(&m->dl.dl_tensor, meta, m->shape, data);
 	m->dl.dl_tensor.device.device_type = kDLCPU;
 	m->dl.manager_ctx = m;

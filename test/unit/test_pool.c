@@ -240,6 +240,43 @@ static void test_reuse(void **state)
 	assert_int_equal(tfab__pool_destroy(p), 0);
 }
 
+/*
+ * A block's holder storage (what a receive's managed tensor lives in) goes with the block:
+ * the same storage when the block comes back, writable across all of it, and returning it by
+ * that storage is a free as by address (twice is refused, as a double free is).
+ */
+static void test_owned(void **state)
+{
+	struct tfab_pool *p = mk(1u << 20);
+	void *a, *b, *c, *oa, *ob, *oc;
+	struct tfab_mr *mr;
+
+	(void)state;
+	assert_int_equal(tfab__pool_alloc_owned(p, 0, 5000, &a, &mr, &oa), 0);
+	assert_non_null(oa);
+	assert_true((uintptr_t)oa % _Alignof(max_align_t) == 0);
+	memset(oa, 0xa5, TFAB_POOL_OWNER_BYTES);
+	assert_int_equal(tfab__pool_alloc_owned(p, 0, 5000, &b, &mr, &ob), 0);
+	assert_ptr_not_equal(oa, ob);
+	tfab__pool_free_owned(p, oa);
+	assert_int_equal(stats(p).blocks_out, 1);
+	assert_int_equal(stats(p).bytes_cached, 8192);
+	/* The block comes back with its storage; a plain alloc takes it too. */
+	assert_int_equal(tfab__pool_alloc_owned(p, 0, 8000, &c, &mr, &oc), 0);
+	assert_ptr_equal(c, a);
+	assert_ptr_equal(oc, oa);
+	tfab__pool_free_owned(p, oc);
+	tfab__pool_free_owned(p, oc); /* twice */
+	assert_int_equal(atomic_load(&logged_errors), 1);
+	assert_int_equal(stats(p).blocks_out, 1);
+	tfab__pool_free_owned(p, NULL); /* like free(NULL) */
+	tfab__pool_free(p, b);		/* by address, though taken with storage */
+	assert_int_equal(stats(p).blocks_out, 0);
+	assert_int_equal(stats(p).bytes_cached, 2 * 8192);
+	assert_int_equal(atomic_load(&logged_errors), 1);
+	assert_int_equal(tfab__pool_destroy(p), 0);
+}
+
 static void test_trim(void **state)
 {
 	struct tfab_pool *p = mk(16384);
@@ -526,6 +563,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_setup_teardown(test_class_rounding, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_reuse, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_owned, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_trim, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_trim_to_zero, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_foreign_pointer, setup, teardown),
