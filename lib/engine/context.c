@@ -330,6 +330,20 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	return progress_locked(ctx, &quiet);
 }
 
+void tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us)
+{
+	int n = tfab__progress_locked(ctx);
+
+	tfab__ctx_unlock(ctx);
+	if (n == 0 && pause_us) {
+		/* a thread blocked on the lock needs a moment to take it: a wake-up is no turn */
+		struct timespec ts = {0, (long)pause_us * 1000};
+
+		nanosleep(&ts, NULL);
+	}
+	tfab__ctx_lock(ctx);
+}
+
 /*
  * Whether a progress call now would only poll paths that have nothing for it (lock held):
  * the last one left nothing to do (ctx->quiet), no deadline is due, and every path a peer
@@ -388,7 +402,7 @@ static void *progress_main(void *arg)
 		n = progress_call(ctx);
 		if (n <= 0) {
 			/* Idle: yield the core (CI machines have two). */
-			struct timespec ts = {0, 20000};
+			struct timespec ts = {0, TFAB_IDLE_PAUSE_US * 1000};
 
 			nanosleep(&ts, NULL);
 		}
@@ -693,9 +707,7 @@ int tfab_flush(struct tfab_context *ctx, int timeout_ms)
 			tfab__cond_wait_until(ctx, deadline);
 			ctx->flushers--;
 		} else {
-			tfab__progress_locked(ctx);
-			tfab__ctx_unlock(ctx);
-			tfab__ctx_lock(ctx);
+			tfab__progress_turn(ctx, 0);
 		}
 	}
 	tfab__ctx_unlock(ctx);

@@ -95,6 +95,8 @@ struct tfab_held_dest {
  * answers, and the leave must not hold back the failures it reports.
  */
 #define TFAB_LEAVE_QUIET_MS 100
+/* How long a thread that waits and found nothing to do lets others have the lock and core. */
+#define TFAB_IDLE_PAUSE_US 20
 
 /*
  * The clock of such a wait (one peer's leave, or every peer's at the context's end): a bound
@@ -464,6 +466,13 @@ void tfab__ctx_lock(struct tfab_context *ctx);
 /* Drops the lock, then runs every callback that became due, unless another thread does. */
 void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
+/*
+ * One turn of a wait made with the lock held (a blocking receive, a flush, a peer's leave): a
+ * progress call, then the lock let go, for pause_us microseconds if it found nothing (0: not
+ * at all), and taken back. The callbacks it made due run meanwhile, and other threads' calls
+ * get in: a wait of seconds must not hold every other thread of the application up.
+ */
+void tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us);
 /* Dispatch the control messages a progress call held back; how many. */
 int tfab__held_dispatch(struct tfab_context *ctx);
 /* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */

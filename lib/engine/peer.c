@@ -407,13 +407,16 @@ int tfab_peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 	return rc;
 }
 
-/* Wait (driving progress) until no write of ours to the peer is in flight, at most 2 s. */
+/*
+ * Wait (driving progress) until no write of ours to the peer is in flight, at most 2 s; other
+ * threads' calls go on meanwhile (tfab__progress_turn).
+ */
 static bool peer_drain(struct tfab_peer *peer)
 {
 	uint64_t deadline = tfab__now_ms() + 2000;
 
 	while (peer->users && tfab__now_ms() < deadline)
-		tfab__progress_locked(peer->ctx);
+		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);
 	return peer->users == 0;
 }
 
@@ -432,7 +435,8 @@ static void peer_flush(struct tfab_peer *peer);
  * off or stopped never answers, and what is left here fails now, not 2 s later. Then a
  * LEAVE, the last thing we write to it: it may have requests of its own standing here, whose
  * CANCELs we would never read (both sides of a no-request pair end so), and it cuts nothing
- * once it knows that we write nothing more.
+ * once it knows that we write nothing more. Other threads' calls go on during these waits
+ * (tfab__progress_turn): what they post for this peer meanwhile fails with it.
  */
 static void peer_leave(struct tfab_peer *peer)
 {
@@ -458,14 +462,14 @@ static void peer_leave(struct tfab_peer *peer)
 		     (!peer->ncancelled || !hopeful)) ||
 		    now >= clock.deadline)
 			break;
-		tfab__progress_locked(peer->ctx);
+		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);
 	}
 	/* Last, our LEAVE: the peer, which may be leaving us too, then cuts nothing. */
 	tfab__peer_send_leave(peer);
 	while (peer->leave_sent && !tfab__list_empty(&peer->pending) && peer->connected &&
 	       !peer->failed && tfab__now_ms() < clock.deadline) {
 		peer_flush(peer);
-		tfab__progress_locked(peer->ctx);
+		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);
 	}
 }
 

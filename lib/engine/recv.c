@@ -1099,10 +1099,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 		if (ctx->thread_running && !pthread_equal(pthread_self(), ctx->progress_thread)) {
 			tfab__cond_wait_until(ctx, deadline);
 		} else {
-			tfab__progress_locked(ctx);
-			/* Let other threads in, and run the callbacks that became due. */
-			tfab__ctx_unlock(ctx);
-			tfab__ctx_lock(ctx);
+			tfab__progress_turn(ctx, 0);
 		}
 	}
 	tfab__peers_flush(ctx, false); /* the TAKEN that progress held: nothing follows it here */

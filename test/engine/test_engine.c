@@ -2246,6 +2246,105 @@ static int sc_peer_freed_stopped(struct mp *mp)
 }
 
 /*
+ * A peer's destroy leaves the context's other threads to go on. Rank 1 stops (SIGSTOP) with
+ * rank 0's request for a tensor unread, so that its destroy on rank 0 waits its bounds out
+ * (about 2 s here on every fabric: the leave's wait for credit, the drain of writes a stopped
+ * peer never takes); a thread of rank 0 destroys it, and rank 0's main thread, 200 ms into
+ * that, receives a tensor from rank 2 on the same context with a 1 s timeout. A regression:
+ * the destroy held the context's lock through its waits, and every other call of the context
+ * waited behind it (the receive timed out). Rank 1, resumed, finds its peer gone and leaves.
+ * On contexts of their own, without a progress thread (the variants with one run it too).
+ */
+struct destroy_arg {
+	struct tfab_peer *peer;
+	uint64_t took_ms;
+	int rc;
+};
+
+static void *destroy_main(void *p)
+{
+	struct destroy_arg *a = p;
+	uint64_t t0 = ms_now();
+
+	a->rc = tfab_peer_destroy(a->peer);
+	a->took_ms = ms_now() - t0;
+	return NULL;
+}
+
+static int sc_destroy_lets_others(struct mp *mp)
+{
+	struct tfab_context *ctx = NULL;
+	struct tfab_peer *peer;
+	unsigned port, pid;
+
+	CHECK_RC(context_with(&ctx, (const char *const[]){"TFAB_PROGRESS_THREAD", "0", NULL}), 0);
+	if (mp->rank == 1) {
+		struct mp_watch w;
+		int status = 0;
+
+		CHECK_RC(mp_get(mp, 0, "dl_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+		CHECK_RC(mp_put(mp, "dl_pid", (unsigned)getpid()), 0);
+		CHECK_RC(mp_note(mp, "dl_stopping"), 0);
+		raise(SIGSTOP);
+		mp_watch_start(&w, mp, ctx, "its peer's leave", 0);
+		while (!status) {
+			tfab_progress(ctx);
+			status = tfab_peer_status(peer);
+			CHECK(status || !mp_watch_stalled(&w, 0));
+		}
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		CHECK_RC(mp_note(mp, "dl_done"), 0);
+		return 0;
+	}
+	if (mp->rank == 2) {
+		CHECK_RC(mp_wait_note(mp, 0, "dl_go", WAIT_MS), 0);
+		CHECK_RC(mp_get(mp, 0, "dl_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+		CHECK(send_one(mp, ctx, "dl/other", 1, 61) == 0);
+		CHECK_RC(mp_wait_note(mp, 0, "dl_checked", WAIT_MS), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		return 0;
+	}
+	struct destroy_arg a = {0};
+	DLManagedTensor *m = NULL;
+	struct done d = {0};
+	uint64_t t0, took;
+	pthread_t th;
+	uint16_t p16;
+	int rc;
+
+	CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+	CHECK_RC(mp_put(mp, "dl_port", p16), 0);
+	CHECK_RC(tfab_accept(ctx, WAIT_MS, &a.peer), 0);
+	CHECK_RC(mp_note(mp, "dl_go"), 0);
+	CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+	CHECK_RC(progress_until_note(mp, ctx, "dl_stopping"), 0);
+	CHECK_RC(mp_get(mp, 1, "dl_pid", &pid), 0);
+	CHECK_RC(tfab_recv(ctx, a.peer, "dl/never", 1, NULL, on_recv, &d), 0);
+	CHECK(pthread_create(&th, NULL, destroy_main, &a) == 0);
+	usleep(200 * 1000);
+	t0 = ms_now();
+	rc = tfab_recv_sync(ctx, peer, "dl/other", 1, NULL, 1000, &m, NULL);
+	took = ms_now() - t0;
+	CHECK(pthread_join(th, NULL) == 0);
+	fprintf(stderr,
+		"rank 0: the receive from rank 2 took %llu ms (%s), from 200 ms into the destroy "
+		"of stopped rank 1, which took %llu ms\n",
+		(unsigned long long)took, tfab_strerror(rc), (unsigned long long)a.took_ms);
+	CHECK_RC(rc, 0);
+	CHECK(bytes_match(m->dl_tensor.data, 128, 61));
+	m->deleter(m);
+	CHECK_RC(a.rc, 0);
+	CHECK(d.errors == 1); /* the receive from rank 1 ended with its destroy */
+	CHECK_RC(mp_note(mp, "dl_checked"), 0);
+	CHECK(kill((pid_t)pid, SIGCONT) == 0);
+	CHECK_RC(progress_until_note(mp, ctx, "dl_done"), 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	return 0;
+}
+
+/*
  * A peer failed while alive (a partition, a silence past the deadline) may still write what it
  * was asked for: its connection outlives our verdict. A regression: the failed receive's pool
  * destination went back to the pool, the next receive got it, and the failed peer's late
@@ -4270,6 +4369,12 @@ static const struct mp_scenario scenarios[] = {
      .not_on_why = "libfabric 1.17's rxm on verbs crashes in fi_cq_read (libfabric.so.1+0x7d3be) "
 		   "when writes to a connection it closed complete later, which this scenario "
 		   "makes happen"},
+    {.name = "destroy_lets_others",
+     .nranks = 3,
+     .fn = sc_destroy_lets_others,
+     .no_barrier = true,
+     .not_on = "ofi:verbs",
+     .not_on_why = RXM_CLOSE_CRASH},
     {.name = "late_write", .nranks = 3, .fn = sc_late_write, .no_barrier = true},
     {.name = "destroy_mid_write",
      .nranks = 2,
