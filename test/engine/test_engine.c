@@ -2194,6 +2194,40 @@ static int sc_peer_stopped(struct mp *mp)
 }
 
 /*
+ * Rank 1's part where rank 0 deals with a stopped peer: connect to rank 0's port
+ * (<prefix>_port), give our pid (<prefix>_pid), say so (<prefix>_stopping) and stop; once
+ * resumed, wait until the peer has failed us (rank 0 destroyed it meanwhile), leave, and say
+ * so (<prefix>_done).
+ */
+static int stopped_rank(struct mp *mp, struct tfab_context *ctx, const char *prefix)
+{
+	struct tfab_peer *peer;
+	struct mp_watch w;
+	char name[32];
+	unsigned port;
+	int status = 0;
+
+	snprintf(name, sizeof(name), "%s_port", prefix);
+	CHECK_RC(mp_get(mp, 0, name, &port), 0);
+	CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+	snprintf(name, sizeof(name), "%s_pid", prefix);
+	CHECK_RC(mp_put(mp, name, (unsigned)getpid()), 0);
+	snprintf(name, sizeof(name), "%s_stopping", prefix);
+	CHECK_RC(mp_note(mp, name), 0);
+	raise(SIGSTOP);
+	mp_watch_start(&w, mp, ctx, "its peer's failure", 0);
+	while (!status) {
+		tfab_progress(ctx);
+		status = tfab_peer_status(peer);
+		CHECK(status || !mp_watch_stalled(&w, 0));
+	}
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	snprintf(name, sizeof(name), "%s_done", prefix);
+	CHECK_RC(mp_note(mp, name), 0);
+	return 0;
+}
+
+/*
  * A peer freed while our writes to it are in flight, which complete later (a regression: their
  * completions pointed into the freed peer). Rank 1 stops (SIGSTOP); rank 0 asks it for a
  * tensor, whose request sits unread in rank 1's ring on shm, fails it at the deadline,
@@ -2206,28 +2240,11 @@ static int sc_peer_freed_stopped(struct mp *mp)
 	struct tfab_context *ctx = NULL;
 	struct tfab_peer *peer;
 	struct done d = {0};
-	unsigned port, pid;
+	unsigned pid;
 
 	CHECK_RC(liveness_context("1000", &ctx), 0);
-	if (mp->rank == 1) {
-		struct mp_watch w;
-		int status = 0;
-
-		CHECK_RC(mp_get(mp, 0, "pf_port", &port), 0);
-		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
-		CHECK_RC(mp_put(mp, "pf_pid", (unsigned)getpid()), 0);
-		CHECK_RC(mp_note(mp, "pf_stopping"), 0);
-		raise(SIGSTOP);
-		mp_watch_start(&w, mp, ctx, "its peer's failure", 0);
-		while (!status) {
-			tfab_progress(ctx);
-			status = tfab_peer_status(peer);
-			CHECK(status || !mp_watch_stalled(&w, 0));
-		}
-		CHECK_RC(tfab_context_destroy(ctx), 0);
-		CHECK_RC(mp_note(mp, "pf_done"), 0);
-		return 0;
-	}
+	if (mp->rank == 1)
+		return stopped_rank(mp, ctx, "pf");
 	uint16_t p16;
 
 	CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
@@ -2278,25 +2295,8 @@ static int sc_destroy_lets_others(struct mp *mp)
 	unsigned port, pid;
 
 	CHECK_RC(context_with(&ctx, (const char *const[]){"TFAB_PROGRESS_THREAD", "0", NULL}), 0);
-	if (mp->rank == 1) {
-		struct mp_watch w;
-		int status = 0;
-
-		CHECK_RC(mp_get(mp, 0, "dl_port", &port), 0);
-		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
-		CHECK_RC(mp_put(mp, "dl_pid", (unsigned)getpid()), 0);
-		CHECK_RC(mp_note(mp, "dl_stopping"), 0);
-		raise(SIGSTOP);
-		mp_watch_start(&w, mp, ctx, "its peer's leave", 0);
-		while (!status) {
-			tfab_progress(ctx);
-			status = tfab_peer_status(peer);
-			CHECK(status || !mp_watch_stalled(&w, 0));
-		}
-		CHECK_RC(tfab_context_destroy(ctx), 0);
-		CHECK_RC(mp_note(mp, "dl_done"), 0);
-		return 0;
-	}
+	if (mp->rank == 1)
+		return stopped_rank(mp, ctx, "dl");
 	if (mp->rank == 2) {
 		CHECK_RC(mp_wait_note(mp, 0, "dl_go", WAIT_MS), 0);
 		CHECK_RC(mp_get(mp, 0, "dl_port", &port), 0);
