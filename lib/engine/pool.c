@@ -349,21 +349,27 @@ err_block:
 }
 
 /*
- * With the lock taken, the handed-out block of buf; on NULL the lock is dropped and the
- * misuse logged once, here.
+ * With the lock held: whether b, the block of buf (NULL where buf is none of ours), is handed
+ * out; where it is not, the lock is dropped and the misuse logged once, here.
  */
+static bool block_out(struct tfab_pool *p, struct pool_block *b, const void *buf, const char *what)
+{
+	if (b && b->out)
+		return true;
+	pthread_mutex_unlock(&p->lock);
+	TFAB_ERROR(SUBSYS, "%p is %s; not %s", buf,
+		   b ? "already free (freed twice?)" : "not a block of this pool", what);
+	return false;
+}
+
+/* With the lock taken, the handed-out block of buf; on NULL the lock is dropped (block_out). */
 static struct pool_block *lock_block_out(struct tfab_pool *p, void *buf, const char *what)
 {
 	struct pool_block *b;
 
 	pthread_mutex_lock(&p->lock);
 	b = hash_find(p, buf);
-	if (b && b->out)
-		return b;
-	pthread_mutex_unlock(&p->lock);
-	TFAB_ERROR(SUBSYS, "%p is %s; not %s", buf,
-		   b ? "already free (freed twice?)" : "not a block of this pool", what);
-	return NULL;
+	return block_out(p, b, buf, what) ? b : NULL;
 }
 
 /* b, out, back on its free list; the lock held, and dropped here. */
@@ -394,12 +400,8 @@ void tfab__pool_free_owned(struct tfab_pool *p, void *owner)
 		return;
 	b = tfab_container_of(owner, struct pool_block, owner);
 	pthread_mutex_lock(&p->lock);
-	if (!b->out) {
-		pthread_mutex_unlock(&p->lock);
-		TFAB_ERROR(SUBSYS, "%p is already free (freed twice?); not freed", b->buf);
-		return;
-	}
-	block_put_unlock(p, b);
+	if (block_out(p, b, b->buf, "freed"))
+		block_put_unlock(p, b);
 }
 
 void tfab__pool_trim(struct tfab_pool *p)
