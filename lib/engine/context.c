@@ -570,6 +570,29 @@ static uint64_t credits_seen(struct tfab_context *ctx)
 	return n;
 }
 
+/*
+ * With the lock held: the receives completed so far handed to the application, their callbacks
+ * run (here, or by the thread running callbacks now, waited for), so that what the application
+ * holds can be told: a tensor in a callback still due or running is not yet the application's
+ * to keep or drop. At most a second: another thread may keep a context busy without end.
+ */
+static void callbacks_settle(struct tfab_context *ctx)
+{
+	pthread_t self = pthread_self();
+	uint64_t deadline = tfab__now_ms() + 1000;
+
+	while (tfab__now_ms() < deadline) {
+		if (ctx->cb_depth && !pthread_equal(ctx->cb_thread, self)) {
+			tfab__cond_wait_until(ctx, tfab__now_ms() + 1);
+		} else if (!ctx->cb_depth && callbacks_due(ctx)) {
+			tfab__ctx_unlock(ctx); /* runs them */
+			tfab__ctx_lock(ctx);
+		} else {
+			return;
+		}
+	}
+}
+
 int tfab_context_destroy(struct tfab_context *ctx)
 {
 	struct tfab_leave_clock clock;
@@ -583,6 +606,7 @@ int tfab_context_destroy(struct tfab_context *ctx)
 	 * stopped in the same hold, none can be handed out after the check.
 	 */
 	tfab__ctx_lock(ctx);
+	callbacks_settle(ctx);
 	out = __atomic_load_n(&ctx->managed_out, __ATOMIC_ACQUIRE);
 	if (!out)
 		ctx->thread_stop = true;

@@ -2128,6 +2128,65 @@ static int sc_destroy_mid_write(struct mp *mp)
 }
 
 /*
+ * A context destroyed while the progress thread runs a receive's callback that still holds
+ * its tensor (it drops it 300 ms later): the destroy waits for the callback, whose tensor is
+ * not the application's to keep until it has returned, and succeeds. A regression: the destroy
+ * counted that tensor as held by the application and failed with -EBUSY (destroy_mid_write
+ * met it under ThreadSanitizer, a tensor landed just before its destroy).
+ */
+struct slow_drop {
+	int started, ended; /* atomic */
+	int status;
+};
+
+static void on_recv_slow_drop(void *arg, int status, DLManagedTensor *t, bool is_dead)
+{
+	struct slow_drop *d = arg;
+
+	(void)is_dead;
+	d->status = status;
+	__atomic_store_n(&d->started, 1, __ATOMIC_RELEASE);
+	usleep(300 * 1000);
+	if (t)
+		t->deleter(t);
+	__atomic_store_n(&d->ended, 1, __ATOMIC_RELEASE);
+}
+
+static int sc_destroy_in_callback(struct mp *mp)
+{
+	struct tfab_context *ctx = NULL;
+	struct tfab_peer *peer;
+	unsigned port;
+
+	CHECK_RC(context_with(&ctx, (const char *const[]){"TFAB_PROGRESS_THREAD", "1", NULL}), 0);
+	if (mp->rank == 1) {
+		CHECK_RC(mp_get(mp, 0, "dc_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+		CHECK(send_one(mp, ctx, "dc/t", 1, 71) == 0);
+		CHECK_RC(mp_wait_note(mp, 0, "dc_done", WAIT_MS), 0);
+		CHECK_RC(tfab_context_destroy(ctx), 0);
+		return 0;
+	}
+	struct slow_drop d = {0};
+	uint64_t until;
+	uint16_t p16;
+
+	CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+	CHECK_RC(mp_put(mp, "dc_port", p16), 0);
+	CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+	CHECK_RC(tfab_recv(ctx, peer, "dc/t", 1, NULL, on_recv_slow_drop, &d), 0);
+	for (until = ms_now() + WAIT_MS;
+	     !__atomic_load_n(&d.started, __ATOMIC_ACQUIRE) && ms_now() < until;)
+		usleep(1000);
+	CHECK(__atomic_load_n(&d.started, __ATOMIC_ACQUIRE));
+	CHECK_RC(d.status, 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	CHECK(__atomic_load_n(&d.ended, __ATOMIC_ACQUIRE));
+	CHECK_RC(mp_note(mp, "dc_done"), 0);
+	return 0;
+}
+
+/*
  * A peer that stops (SIGSTOP) on an idle connection, on a pair of contexts of their own
  * (TFAB_OP_TIMEOUT_MS 1500, TFAB_HEARTBEAT_MS 100): with nothing pending, only its silence
  * tells. Rank 0 sees tfab_peer_status() turn to TFAB_ERR_TIMEOUT not before the deadline
@@ -4376,6 +4435,7 @@ static const struct mp_scenario scenarios[] = {
      .not_on = "ofi:verbs",
      .not_on_why = RXM_CLOSE_CRASH},
     {.name = "late_write", .nranks = 3, .fn = sc_late_write, .no_barrier = true},
+    {.name = "destroy_in_callback", .nranks = 2, .fn = sc_destroy_in_callback, .no_barrier = true},
     {.name = "destroy_mid_write",
      .nranks = 2,
      .fn = sc_destroy_mid_write,
