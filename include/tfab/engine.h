@@ -49,7 +49,9 @@ TFAB_EXPORT int tfab_context_create_with(struct tfab_context **ctx_p, const char
 /*
  * Aborts whatever is pending (callbacks get -TFAB_ERR_ABORTED), closes every peer and frees the
  * context. -EBUSY (and nothing done) while tensors the library allocated are still held by the
- * application. NULL is accepted.
+ * application: the receives completed before the call reach their callbacks first (those
+ * another thread is running are waited for, up to 1 s), so that a tensor a callback dropped is
+ * not counted. NULL is accepted.
  */
 TFAB_EXPORT int tfab_context_destroy(struct tfab_context *ctx);
 
