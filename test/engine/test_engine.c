@@ -2128,6 +2128,28 @@ static int sc_destroy_mid_write(struct mp *mp)
 }
 
 /*
+ * A rank that gives rank 0 one tensor: connect to rank 0's port (<prefix>_port), send key (step
+ * 1, 32 floats from seed) and wait until it was taken, then leave once rank 0 says it checked
+ * what it wanted (<prefix>_checked).
+ */
+static int sending_rank(struct mp *mp, struct tfab_context *ctx, const char *prefix,
+			const char *key, uint64_t seed)
+{
+	struct tfab_peer *peer;
+	char name[32];
+	unsigned port;
+
+	snprintf(name, sizeof(name), "%s_port", prefix);
+	CHECK_RC(mp_get(mp, 0, name, &port), 0);
+	CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+	CHECK(send_one(mp, ctx, key, 1, seed) == 0);
+	snprintf(name, sizeof(name), "%s_checked", prefix);
+	CHECK_RC(mp_wait_note(mp, 0, name, WAIT_MS), 0);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	return 0;
+}
+
+/*
  * A context destroyed while the progress thread runs a receive's callback that still holds
  * its tensor (it drops it 300 ms later): the destroy waits for the callback, whose tensor is
  * not the application's to keep until it has returned, and succeeds. A regression: the destroy
@@ -2156,17 +2178,10 @@ static int sc_destroy_in_callback(struct mp *mp)
 {
 	struct tfab_context *ctx = NULL;
 	struct tfab_peer *peer;
-	unsigned port;
 
 	CHECK_RC(context_with(&ctx, (const char *const[]){"TFAB_PROGRESS_THREAD", "1", NULL}), 0);
-	if (mp->rank == 1) {
-		CHECK_RC(mp_get(mp, 0, "dc_port", &port), 0);
-		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
-		CHECK(send_one(mp, ctx, "dc/t", 1, 71) == 0);
-		CHECK_RC(mp_wait_note(mp, 0, "dc_done", WAIT_MS), 0);
-		CHECK_RC(tfab_context_destroy(ctx), 0);
-		return 0;
-	}
+	if (mp->rank == 1)
+		return sending_rank(mp, ctx, "dc", "dc/t", 71);
 	struct slow_drop d = {0};
 	uint64_t until;
 	uint16_t p16;
@@ -2182,7 +2197,7 @@ static int sc_destroy_in_callback(struct mp *mp)
 	CHECK_RC(d.status, 0);
 	CHECK_RC(tfab_context_destroy(ctx), 0);
 	CHECK(__atomic_load_n(&d.ended, __ATOMIC_ACQUIRE));
-	CHECK_RC(mp_note(mp, "dc_done"), 0);
+	CHECK_RC(mp_note(mp, "dc_checked"), 0);
 	return 0;
 }
 
@@ -2351,19 +2366,14 @@ static int sc_destroy_lets_others(struct mp *mp)
 {
 	struct tfab_context *ctx = NULL;
 	struct tfab_peer *peer;
-	unsigned port, pid;
+	unsigned pid;
 
 	CHECK_RC(context_with(&ctx, (const char *const[]){"TFAB_PROGRESS_THREAD", "0", NULL}), 0);
 	if (mp->rank == 1)
 		return stopped_rank(mp, ctx, "dl");
 	if (mp->rank == 2) {
 		CHECK_RC(mp_wait_note(mp, 0, "dl_go", WAIT_MS), 0);
-		CHECK_RC(mp_get(mp, 0, "dl_port", &port), 0);
-		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
-		CHECK(send_one(mp, ctx, "dl/other", 1, 61) == 0);
-		CHECK_RC(mp_wait_note(mp, 0, "dl_checked", WAIT_MS), 0);
-		CHECK_RC(tfab_context_destroy(ctx), 0);
-		return 0;
+		return sending_rank(mp, ctx, "dl", "dl/other", 61);
 	}
 	struct destroy_arg a = {0};
 	DLManagedTensor *m = NULL;
