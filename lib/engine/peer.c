@@ -633,8 +633,8 @@ static void fill_taken(struct tfab_peer *peer, struct slot_fill *f)
 	struct tfab_wire_msg t;
 
 	if (!batches(peer) || !peer->ntaken || room < TFAB_WIRE_MSG_HDR + 6)
-		return; /* before t is cleared: a message is some 500 bytes */
-	t = (struct tfab_wire_msg){.type = TFAB_MSG_TAKEN};
+		return;
+	tfab__wire_msg_init(&t, TFAB_MSG_TAKEN);
 	n = (room - TFAB_WIRE_MSG_HDR - 6) / 4 + 1;
 	if (n > peer->ntaken)
 		n = peer->ntaken;
@@ -843,13 +843,14 @@ static void peer_send_taken(struct tfab_peer *peer)
 
 	while (done < peer->ntaken && !peer->failed) {
 		uint32_t n = peer->ntaken - done;
-		struct tfab_wire_msg m = {.type = TFAB_MSG_TAKEN};
+		struct tfab_wire_msg m;
 		bool now = tfab__list_empty(&peer->pending) && slot_free(peer);
 
 		if (!now && n < TFAB_WIRE_MAX_TAKEN)
 			break;
 		if (n > TFAB_WIRE_MAX_TAKEN)
 			n = TFAB_WIRE_MAX_TAKEN;
+		tfab__wire_msg_init(&m, TFAB_MSG_TAKEN);
 		m.req_index = peer->taken[done];
 		m.ntaken = (uint16_t)n;
 		m.taken = peer->taken + done + 1;
@@ -1116,8 +1117,13 @@ static void protocol_error(struct tfab_peer *peer, const char *what)
  */
 static void on_requests(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 {
-	struct tfab_wire_msg one = *m;
+	struct tfab_wire_msg one;
 
+	if (!(m->flags & TFAB_MSGF_AHEAD)) {
+		tfab__send_on_request(peer, m); /* one request: as it came */
+		return;
+	}
+	tfab__wire_msg_copy(&one, m);
 	one.flags &= (uint16_t)~TFAB_MSGF_AHEAD;
 	one.nahead = 0;
 	tfab__send_on_request(peer, &one);

@@ -334,29 +334,26 @@ static struct tfab_wire_ahead request_dest(const struct tfab_request *r)
 }
 
 /*
- * r's TENSOR_REQUEST. e: the key's meta-data entry, or NULL (then the request names the key in
- * full); its key index names the key where it can.
+ * r's TENSOR_REQUEST into *m. e: the key's meta-data entry, or NULL (then the request names
+ * the key in full); its key index names the key where it can.
  */
-static struct tfab_wire_msg request_msg(struct tfab_request *r, struct tfab_meta_entry *e)
+static void request_msg(struct tfab_request *r, struct tfab_meta_entry *e, struct tfab_wire_msg *m)
 {
 	struct tfab_wire_ahead d = request_dest(r);
-	struct tfab_wire_msg m = {
-	    .type = TFAB_MSG_TENSOR_REQUEST,
-	    .req_index = r->index,
-	    .step_id = r->step,
-	    .key_len = r->key_len,
-	    .key = (const uint8_t *)r->key,
-	    .dest_raddr = d.dest_raddr,
-	    .dest_rkey = d.dest_rkey,
-	    .dest_capacity = r->dest_mr ? r->dest_cap : 0,
-	};
 
+	tfab__wire_msg_init(m, TFAB_MSG_TENSOR_REQUEST);
+	m->req_index = r->index;
+	m->step_id = r->step;
+	m->key_len = r->key_len;
+	m->key = (const uint8_t *)r->key;
+	m->dest_raddr = d.dest_raddr;
+	m->dest_rkey = d.dest_rkey;
+	m->dest_capacity = r->dest_mr ? r->dest_cap : 0;
 	if (r->meta_valid) {
-		m.flags |= TFAB_MSGF_META_VALID;
-		tfab__meta_copy(&m.meta, &r->meta);
+		m->flags |= TFAB_MSGF_META_VALID;
+		tfab__meta_copy(&m->meta, &r->meta);
 	}
-	tfab__key_index_request(r->peer, e, &m);
-	return m;
+	tfab__key_index_request(r->peer, e, m);
 }
 
 /*
@@ -375,8 +372,9 @@ static int request_msg_send(struct tfab_peer *peer, const struct tfab_wire_msg *
 
 static int request_send(struct tfab_request *r, bool rerequest, struct tfab_meta_entry *e)
 {
-	struct tfab_wire_msg m = request_msg(r, e);
+	struct tfab_wire_msg m;
 
+	request_msg(r, e, &m);
 	if (rerequest) {
 		m.flags |= TFAB_MSGF_REREQUEST;
 		r->ctx->stats.rerequests++;
@@ -740,9 +738,10 @@ static int ahead_new(struct tfab_peer *peer, struct tfab_meta_entry *e, int64_t 
 static int ahead_send(struct tfab_peer *peer, struct tfab_meta_entry *e, struct tfab_request **rs,
 		      struct tfab_wire_ahead *dests, unsigned n)
 {
-	struct tfab_wire_msg m = request_msg(rs[0], e);
+	struct tfab_wire_msg m;
 	int rc;
 
+	request_msg(rs[0], e, &m);
 	for (unsigned i = 1; i < n; i++)
 		dests[i - 1] = request_dest(rs[i]);
 	if (n > 1) {

@@ -209,6 +209,26 @@ struct tfab_wire_msg {
 	struct tfab_wire_meta meta;
 };
 
+/*
+ * *m as a message of this type with every other field 0, but for the shape, whose entries past
+ * meta.ndim (0 here) nothing reads: a whole message is some 420 bytes, 256 of them the shape,
+ * and clearing it cost a small fetch about what encoding it does.
+ */
+static inline void tfab__wire_msg_init(struct tfab_wire_msg *m, uint8_t type)
+{
+	memset(m, 0, offsetof(struct tfab_wire_msg, meta.shape));
+	m->type = type;
+}
+
+/* *dst = *src as far as the shape's meta.ndim entries (as tfab__meta_copy). */
+static inline void tfab__wire_msg_copy(struct tfab_wire_msg *dst, const struct tfab_wire_msg *src)
+{
+	unsigned ndim = src->meta.ndim < TFAB_MAX_DIMS ? src->meta.ndim : TFAB_MAX_DIMS;
+
+	memcpy(dst, src,
+	       offsetof(struct tfab_wire_msg, meta.shape) + sizeof(src->meta.shape[0]) * ndim);
+}
+
 /* The i-th request index (0 <= i < ntaken) of a TAKEN message. */
 static inline uint32_t tfab__wire_taken_at(const struct tfab_wire_msg *m, unsigned i)
 {
