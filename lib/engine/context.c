@@ -308,12 +308,6 @@ static int progress_locked(struct tfab_context *ctx, bool *quiet_p)
 		if (!more)
 			break;
 	}
-	/*
-	 * A receive completed here: its callback first, and the application's reply; the rest
-	 * (retries, staging, the flush, liveness) is the next call's, which comes at once.
-	 */
-	if (completed_here(ctx, fresh))
-		return total;
 	tfab__sends_retry(ctx);
 	tfab__sends_stage(ctx);
 	/*

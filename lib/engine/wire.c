@@ -582,7 +582,7 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 	uint32_t payload;
 
 	/* All but the shape, which get_meta fills as far as ndim (0 without meta-data). */
-	memset(&out, 0, offsetof(struct tfab_wire_msg, meta.shape));
+	tfab__wire_msg_init(&out, 0);
 
 	if (get_le(&r, 1) != TFAB_WIRE_VERSION)
 		return -TFAB_ERR_PROTOCOL;
@@ -650,9 +650,7 @@ static int msg_decode(const void *slot, size_t len, struct tfab_wire_msg *m, siz
 	/* The payload length must be exactly what the fields need: no trailing bytes. */
 	if (r.bad || r.left != 0 || !msg_valid(&out))
 		return -TFAB_ERR_PROTOCOL;
-	memcpy(m, &out,
-	       offsetof(struct tfab_wire_msg, meta.shape) +
-		   sizeof(out.meta.shape[0]) * out.meta.ndim);
+	tfab__wire_msg_copy(m, &out);
 	return 0;
 }
 
