@@ -7,10 +7,13 @@
  * learn which entries were taken (its WRITE_DONE) and their verdicts (its ERROR events).
  *
  * No system call and no lock: an entry is published by a release store of its sequence number
- * (index + 1), seen by an acquire load of it, and the tail goes back the same way. Touching
- * only the entry's own cache line on the fast path keeps an 8-byte write to one line transfer
- * each way. The consumer zeroes the sequence word of every slot it has taken, so a slot's
- * stale contents (an earlier lap's inline bytes included) never pass for a published entry.
+ * (index + 1), seen by an acquire load of it, and the tail goes back the same way. An inline
+ * write of up to 16 bytes lies wholly in the entry's first cache line (the header's), so an
+ * 8-byte write is one line transfer. A head entry's sequence number names its lap, so an
+ * earlier lap's never passes for it; continuation entries hold raw bytes where a sequence
+ * word would be, so the consumer zeroes theirs as it takes them. The consumer writes into a
+ * head entry only a refusal (the writer clears the verdict as it fills the entry): the line
+ * goes back to the writer as it left it.
  */
 #ifndef TFAB_SHM_RING_H
 #define TFAB_SHM_RING_H
@@ -21,7 +24,7 @@
 
 #define TFAB_SHM_ENTRY_SIZE 256u
 #define TFAB_SHM_RING_N 256u /* entries per ring: a power of two */
-#define TFAB_SHM_HDR_SIZE 64u
+#define TFAB_SHM_HDR_SIZE 48u
 #define TFAB_SHM_INLINE_HEAD (TFAB_SHM_ENTRY_SIZE - TFAB_SHM_HDR_SIZE)
 /*
  * Longest write carried in the ring itself (and the inject size): the engine's control
@@ -49,11 +52,16 @@ struct tfab_shm_entry {
 	uint64_t raddr;
 	uint64_t rkey;
 	uint64_t len;	 /* bytes this entry lands (inline, one chunk, or the direct write) */
-	uint64_t total;	 /* bounce: bytes of the whole write, reported with the last chunk */
 	int32_t status;	 /* the consumer's verdict: 0 or a negative status */
 	uint32_t bounce; /* bounce: which buffer of the slot */
-	uint64_t reserved;
-	uint8_t data[TFAB_SHM_INLINE_HEAD];
+	/*
+	 * Inline bytes start in the header's cache line: a write of up to 16 bytes (an 8-byte
+	 * tensor's content, a credit) is one line.
+	 */
+	union {
+		uint64_t total; /* bounce: bytes of the whole write, reported with the last chunk */
+		uint8_t data[TFAB_SHM_INLINE_HEAD]; /* inline */
+	};
 };
 
 _Static_assert(sizeof(struct tfab_shm_entry) == TFAB_SHM_ENTRY_SIZE, "entry size");
@@ -143,15 +151,17 @@ static inline void tfab_shm_ring_get_inline(struct tfab_shm_ring *r, uint64_t i,
 }
 
 /*
- * Consumer: the entry at i (and its n - 1 continuation entries) is taken with this verdict.
- * Zeroing the sequence words keeps stale slots from looking published on the next lap; the
- * caller then moves the tail with tfab_shm_ring_release, once per batch.
+ * Consumer: the entry at i (and its n - 1 continuation entries) is taken with this verdict,
+ * written only where it is a refusal (the writer published it as 0). Zeroing the
+ * continuation entries' sequence words keeps their bytes from looking published on the next
+ * lap; the caller then moves the tail with tfab_shm_ring_release, once per batch.
  */
 static inline void tfab_shm_ring_take(struct tfab_shm_ring *r, uint64_t i, unsigned n,
 				      int32_t status)
 {
-	tfab_shm_ring_at(r, i)->status = status;
-	for (unsigned k = 0; k < n; k++)
+	if (status)
+		tfab_shm_ring_at(r, i)->status = status;
+	for (unsigned k = 1; k < n; k++)
 		atomic_store_explicit(&tfab_shm_ring_at(r, i + k)->seq, 0, memory_order_relaxed);
 }
 

@@ -14,7 +14,8 @@
 #include "providers/shm/segment.h"
 
 #define TFAB_SHM_MAGIC 0x316d687362616674ull /* "tfabshm1" */
-#define TFAB_SHM_VERSION 1u
+/* 2: an entry's inline bytes begin in its header's cache line (ring.h) */
+#define TFAB_SHM_VERSION 2u
 #define TFAB_SHM_SLOTS 128u /* writers one endpoint takes at once */
 #define TFAB_SHM_NBOUNCE 4u /* bounce buffers per slot: the pipeline's depth */
 #define TFAB_SHM_BOUNCE_SIZE (256u << 10)

@@ -125,7 +125,6 @@ static struct tfab_shm_entry *entry_start(struct tfab_shm_conn *c, int kind, uin
 	e->raddr = raddr;
 	e->rkey = rkey;
 	e->len = len;
-	e->total = len;
 	e->status = 0;
 	return e;
 }

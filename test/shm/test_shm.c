@@ -167,6 +167,7 @@ static void test_ring_threads(void **state)
 			e->kind = TFAB_SHM_E_INLINE;
 			e->imm = (uint32_t)k;
 			e->len = len;
+			e->status = 0; /* the consumer writes only a refusal */
 			tfab_shm_ring_put_inline(r, head, buf, len);
 			starts[head % TFAB_SHM_RING_N] = k;
 			tfab_shm_ring_publish(r, head);
@@ -282,6 +283,64 @@ static void pump(struct tfab_ep *ep, struct outcome *o)
 			o->status = ev[i].status;
 		}
 	}
+}
+
+/*
+ * The target writes its verdict into an entry only when it refuses the write, so the writer
+ * clears it in every entry it publishes: a refused write, then more than a lap of good ones
+ * through the same slot, each of them done and none taken for a refusal.
+ */
+static void test_refused_then_lap(void **state)
+{
+	enum { WRITES = TFAB_SHM_RING_N + 8 };
+	struct tfab_ep *a = open_ep(), *b = open_ep();
+	uint64_t bbuf[2] = {0}, word;
+	struct tfab_mr *bmr;
+	struct tfab_conn *conn;
+	struct tfab_shm_addr addr;
+	size_t alen = sizeof(addr);
+	struct outcome oa = {0}, ob = {0};
+
+	(void)state;
+	assert_int_equal(tfab_mr_reg(b, bbuf, sizeof(bbuf), TFAB_MR_REMOTE_WRITE, &bmr), 0);
+	assert_int_equal(tfab_ep_get_addr(b, &addr, &alen), 0);
+	assert_int_equal(tfab_ep_connect(a, &addr, alen, &conn), 0);
+	word = 7;
+	assert_int_equal(tfab_conn_write_imm(conn, &word, sizeof(word), NULL, bmr->raddr,
+					     bmr->rkey + 0x10000, 1, 0, &word),
+			 0);
+	for (uint64_t deadline = tfab__now_ms() + WAIT_MS;
+	     !oa.errors && !oa.writes_done && tfab__now_ms() < deadline;) {
+		pump(b, &ob);
+		pump(a, &oa);
+	}
+	assert_int_equal(oa.errors, 1);
+	assert_int_equal(oa.status, -TFAB_ERR_REMOTE_ACCESS);
+	assert_int_equal(ob.remote_writes, 0);
+	/* one write at a time, so that every entry of the ring is taken and completed in turn */
+	for (uint64_t k = 0; k < WRITES; k++) {
+		int done = oa.writes_done;
+
+		word = 100 + k;
+		assert_int_equal(tfab_conn_write_imm(conn, &word, sizeof(word), NULL, bmr->raddr,
+						     bmr->rkey, (uint32_t)k, 0, &word),
+				 0);
+		for (uint64_t deadline = tfab__now_ms() + WAIT_MS;
+		     oa.errors == 1 && oa.writes_done == done && tfab__now_ms() < deadline;) {
+			pump(b, &ob);
+			pump(a, &oa);
+		}
+		if (oa.errors != 1 || oa.writes_done != done + 1)
+			fail_msg("write %llu: %d errors (%s), %d done, %d landed",
+				 (unsigned long long)k, oa.errors, tfab_strerror(oa.status),
+				 oa.writes_done, ob.remote_writes);
+		assert_int_equal(bbuf[0], 100 + k);
+	}
+	assert_int_equal(ob.remote_writes, WRITES);
+	assert_int_equal(tfab_conn_disconnect(conn), 0);
+	assert_int_equal(tfab_mr_dereg(bmr), 0);
+	assert_int_equal(tfab_ep_close(a), 0);
+	assert_int_equal(tfab_ep_close(b), 0);
 }
 
 /*
@@ -792,6 +851,7 @@ int main(void)
 	    cmocka_unit_test(test_ring_stale_slot),
 	    cmocka_unit_test(test_foreign_address),
 	    cmocka_unit_test(test_bad_long_write),
+	    cmocka_unit_test(test_refused_then_lap),
 	    cmocka_unit_test(test_completions_not_starved),
 	    cmocka_unit_test(test_cma),
 	    cmocka_unit_test(test_short_bounce),
