@@ -290,7 +290,11 @@ static int progress_locked(struct tfab_context *ctx, bool *quiet_p)
 		/*
 		 * After a batch that held messages back, no other: ctx->held has room for one. A
 		 * path no peer ever took has nothing to report: not polled (libfabric tcp's poll
-		 * is a system call, which a job of same-host peers would pay at every call).
+		 * is a system call, which a job of same-host peers would pay at every call). A
+		 * round that found anything is followed by another, until a receive completes:
+		 * what came while its batch was dispatched (a peer's content right behind its
+		 * request) is taken in this call, not after its housekeeping, its callbacks and
+		 * the caller's next call.
 		 */
 		for (unsigned p = 0; p < ctx->npaths && !ctx->nheld; p++) {
 			int n;
@@ -303,7 +307,7 @@ static int progress_locked(struct tfab_context *ctx, bool *quiet_p)
 				return n;
 			batch_dispatch(ctx, ev, n, fresh);
 			total += n;
-			more |= n == POLL_EVENTS;
+			more |= n > 0;
 		}
 		if (!more)
 			break;
