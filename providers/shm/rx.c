@@ -1,8 +1,8 @@
 /*
  * The shm backend, the target's side: the consumer of its writers' rings. Each entry is
  * checked against this endpoint's registration table, inline and bounced bytes are copied into
- * place, the verdict goes back in the entry, and the slots of writers that left or died are
- * freed for others.
+ * place, a refusal goes back in the entry (a write taken leaves it as it was), and the slots
+ * of writers that left or died are freed for others.
  */
 #include <errno.h>
 #include <string.h>

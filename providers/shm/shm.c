@@ -502,8 +502,8 @@ static int tfab_shm_poll(struct tfab_ep *base, struct tfab_event *ev, int max)
 	/*
 	 * A poll that found peers' writes leaves our own writes (their copies and completions)
 	 * to the next, for at most TFAB_SHM_TX_DEFER polls in a row: their completions are read
-	 * from lines the peers wrote (the rings' tails, the entries' verdicts), a cache miss or
-	 * two that what arrived, most often what the application waits for, should not wait
+	 * from lines the peers wrote (the rings' tails; a refused entry's verdict), a cache miss
+	 * or two that what arrived, most often what the application waits for, should not wait
 	 * behind (an 8-byte tensor ping-pong one way: 0.38 us leaving them, 0.40 reading them;
 	 * doc/providers.md).
 	 */

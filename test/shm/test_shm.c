@@ -1,6 +1,7 @@
 /*
  * The native shm backend's own cases, beyond the conformance suite: its SPSC ring between two
- * threads (inline payloads across continuation entries and the ring's wrap), addresses of
+ * threads (inline payloads across continuation entries and the ring's wrap), a refused write's
+ * verdict not read again for the good writes of the ring's next lap, addresses of
  * another host or namespace refused, a poll's own completions left for later while peers'
  * writes arrive, within a bound, each path between two processes (one copy into a shared
  * segment from mem_alloc or by process_vm_writev, short writes bounced) with its statistics,
