@@ -2,9 +2,9 @@
  * The shm backend's control ring: one lock-free single-producer/single-consumer ring per
  * (writer, target endpoint) pair, living in the target's shared control segment. The writer
  * produces entries (one per write, or per chunk of a bounced write); the target consumes them
- * in its poll, checks each against its registration table, lands inline bytes, and writes its
- * verdict back into the entry before moving the tail past it. The writer reads the tail to
- * learn which entries were taken (its WRITE_DONE) and their verdicts (its ERROR events).
+ * in its poll, checks each against its registration table, lands inline bytes, writes a
+ * refusal back into the entry, and moves the tail past it. The writer reads the tail to learn
+ * which entries were taken (its WRITE_DONE) and their verdicts (its ERROR events).
  *
  * No system call and no lock: an entry is published by a release store of its sequence number
  * (index + 1), seen by an acquire load of it, and the tail goes back the same way. An inline
