@@ -7,7 +7,9 @@
 # shm --heap-dst, ofi:shm, memcpy, shm, ...) so that drifting load hits all alike; the table
 # gives medians and the ratios that issue 10 sets as targets, for raw writes and for tensors
 # (into library-allocated destinations, tfab-perf's default), and beside the tensor latency
-# the fabric's own share of it (raw writes with a request-sized message each way per round):
+# the fabric's own share of it (raw writes with a request-sized message each way per round),
+# then for the small sizes each run's latencies and tensor/ofi:shm ratio (a machine's speed
+# can change between runs; the rows show at which speed each was taken):
 #   8 B one-way latency   shm <= 0.4 x ofi:shm raw
 #   1 MiB bandwidth       shm >= 2 x ofi:shm raw
 #   64 MiB bandwidth      shm >= 0.9 x memcpy (one thread, 64 MiB, the same `all` run's)
@@ -119,5 +121,23 @@ for size in sorted(tensor):
     elif size == 64 << 20:
         notes.append(f"bw tensor/memcpy {tg / mg:.2f} (target >= 0.9)")
     print(f"{size:>10} | {tg:>9.3f} {tl:>8.2f} {copies:>6} | {mg:>11.2f} | {'; '.join(notes)}")
+# Run by run: the medians above pool runs the VM may have made at different speeds (on the
+# 2-core VM of doc/design.md its cores' line transfers move between two speeds, several times
+# apart, without warning, even from one process to the next). Each row's latencies show the
+# speed each was taken at (shm raw comes from the tensor's own `all` run, ofi:shm raw from the
+# process after it); a row's ratio is one speed's only where they agree.
+for size in sorted(b for b in tensor if b <= 64):
+    t, o, r = tensor[size], ofi.get(size, []), shm.get(size, [])
+    n = min(len(t), len(o), len(r))
+    ratios = [t[i]["lat_us"] / o[i]["lat_us"] for i in range(n)]
+    print()
+    print(f"{size} B, run by run: shm raw one way (the VM's speed), ofi:shm raw, tensor, and "
+          f"tensor/ofi raw (target <= 0.4)")
+    for i in range(n):
+        print(f"{i + 1:>10} | {r[i]['lat_us']:>6.2f} us | {o[i]['lat_us']:>6.2f} us | "
+              f"{t[i]['lat_us']:>6.2f} us | {ratios[i]:.2f}")
+    if n:
+        print(f"{'median':>10} | {med(r[:n], 'lat_us'):>6.2f} us | {med(o[:n], 'lat_us'):>6.2f} us"
+              f" | {med(t[:n], 'lat_us'):>6.2f} us | {statistics.median(ratios):.2f}")
 PY
 exit $failed
