@@ -128,16 +128,20 @@ for size in sorted(tensor):
 # process after it); a row's ratio is one speed's only where they agree.
 for size in sorted(b for b in tensor if b <= 64):
     t, o, r = tensor[size], ofi.get(size, []), shm.get(size, [])
-    n = min(len(t), len(o), len(r))
-    ratios = [t[i]["lat_us"] / o[i]["lat_us"] for i in range(n)]
+    n = len(t)
     print()
+    if not n or len(o) != n or len(r) != n:
+        # a run that failed left no row: the rest would pair with other runs' rows
+        print(f"{size} B, run by run: not shown, a run failed ({len(r)} shm raw, {len(o)} "
+              f"ofi:shm raw and {n} tensor rows)")
+        continue
+    ratios = [t[i]["lat_us"] / o[i]["lat_us"] for i in range(n)]
     print(f"{size} B, run by run: shm raw one way (the VM's speed), ofi:shm raw, tensor, and "
           f"tensor/ofi raw (target <= 0.4)")
     for i in range(n):
         print(f"{i + 1:>10} | {r[i]['lat_us']:>6.2f} us | {o[i]['lat_us']:>6.2f} us | "
               f"{t[i]['lat_us']:>6.2f} us | {ratios[i]:.2f}")
-    if n:
-        print(f"{'median':>10} | {med(r[:n], 'lat_us'):>6.2f} us | {med(o[:n], 'lat_us'):>6.2f} us"
-              f" | {med(t[:n], 'lat_us'):>6.2f} us | {statistics.median(ratios):.2f}")
+    print(f"{'median':>10} | {med(r, 'lat_us'):>6.2f} us | {med(o, 'lat_us'):>6.2f} us | "
+          f"{med(t, 'lat_us'):>6.2f} us | {statistics.median(ratios):.2f}")
 PY
 exit $failed
