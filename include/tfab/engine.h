@@ -146,7 +146,10 @@ TFAB_EXPORT int tfab_flush(struct tfab_context *ctx, int timeout_ms);
  *   that fits); the tensor is a view of dest (its data) saying what landed there, and its
  *   deleter frees the view alone.
  * A receive that fails (a wrong destination, a timeout, a cleanup) never takes the send: the
- * tensor stays for a later receive.
+ * tensor stays for a later receive. One into dest that gives up once its request is out gets
+ * its cb when the sender has read the cancel (at the sender's next progress call), or the
+ * peer failed, or TFAB_OP_TIMEOUT_MS passed (dest's registration is then revoked): until then
+ * the sender may still be writing into dest, and it stays the library's.
  */
 typedef void (*tfab_recv_cb)(void *arg, int status, DLManagedTensor *tensor, bool is_dead);
 TFAB_EXPORT int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
@@ -186,7 +189,9 @@ TFAB_EXPORT int tfab_recv_ahead(struct tfab_context *ctx, struct tfab_peer *peer
  * A blocking receive on top: waits at most timeout_ms (driving progress itself unless the
  * progress thread does), then gives up with -ETIMEDOUT. *tensor_p gets the tensor cb would
  * get (with dest, a view of it); with tensor_p NULL the library releases it. It may be called
- * in a callback, on the progress thread too.
+ * in a callback, on the progress thread too. With dest, giving up returns when cb would be
+ * called (above): after timeout_ms, by as long as the sender takes to read the cancel, since
+ * dest is never handed back while the sender may write into it.
  */
 TFAB_EXPORT int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			       int64_t step_id, DLTensor *dest, int timeout_ms,

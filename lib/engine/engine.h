@@ -194,6 +194,12 @@ struct tfab_peer {
 	struct tfab_held_dest *held_dests;
 	uint32_t nheld_dests, held_dests_cap;
 	/*
+	 * Our receives into the application's own memory that gave up while the peer could
+	 * still write into it (struct tfab_request, TFAB_REQ_CANCELLING, by link): each ends once
+	 * the peer's credits cover its CANCEL, or with the peer (tfab__peer_hold_request).
+	 */
+	struct tfab_list cancelling;
+	/*
 	 * Our requests to the peer we cancelled, in seq order, until its credits cover the
 	 * CANCEL (tfab__peer_cancelled); cancelled_lost: one could not be recorded, so a write
 	 * for a request of the peer's that is gone is dropped rather than refused.
@@ -232,6 +238,11 @@ struct tfab_peer {
 enum tfab_req_state {
 	TFAB_REQ_REQUESTED = 1, /* a request is out; content or meta-data will come */
 	TFAB_REQ_LANDED,	/* standing, and its content landed: it waits for its receive */
+	/*
+	 * Given up with the application's memory as the destination, which the peer may still
+	 * be writing: it ends when the peer has read the CANCEL (peer->cancelling)
+	 */
+	TFAB_REQ_CANCELLING,
 	TFAB_REQ_DONE,
 };
 
@@ -283,7 +294,10 @@ struct tfab_request {
 	bool standing;
 	bool lazy_taken;
 	struct tfab_list ahead_link;
-	uint64_t since_ms; /* TFAB_OP_TIMEOUT_MS counts from here: posted, or the last answer */
+	uint64_t since_ms; /* TFAB_OP_TIMEOUT_MS counts from here: posted, the last answer, or
+			      the CANCEL of a request cancelling */
+	uint32_t
+	    cancel_seq; /* cancelling: the slot of its CANCEL, which the peer's credits cover */
 	/* The large members last: a new request zeroes only what comes before them. */
 	struct tfab_wire_meta meta; /* what the destination was sized for */
 	char key[TFAB_MAX_KEY + 1];
@@ -546,6 +560,12 @@ int tfab__peer_taken(struct tfab_peer *peer, uint32_t req_index, bool lazy);
  * or, with the peer, discarded. Never fails: without memory to hold it, it is discarded.
  */
 void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf);
+/*
+ * r, a receive into the application's memory just cancelled (its CANCEL sent or queued), may
+ * still be written by the peer: it stays registered, and r ends (tfab__request_cancelled) once
+ * the peer's credits cover the CANCEL, or with the peer, or past TFAB_OP_TIMEOUT_MS.
+ */
+void tfab__peer_hold_request(struct tfab_peer *peer, struct tfab_request *r);
 /* Queue m behind the messages waiting: the next flush writes them, several to a slot. */
 int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 /*
@@ -657,6 +677,11 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t len, uint32_t src);
 void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
 void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender);
+/*
+ * A cancelling request ends with the status it gave up with. revoke: the peer may still write
+ * (it failed, or did not read the CANCEL in time): the destination's registration goes.
+ */
+void tfab__request_cancelled(struct tfab_request *r, bool revoke);
 void tfab__request_release(struct tfab_request *r);
 /* e leaves the cache: its standing requests are cancelled. */
 void tfab__ahead_drop(struct tfab_meta_entry *e);

@@ -108,6 +108,8 @@ static void peer_release(struct tfab_peer *peer)
 	free(peer);
 }
 
+static void cancelling_release(struct tfab_peer *peer, bool all, bool revoke);
+
 void tfab__peer_free(struct tfab_peer *peer)
 {
 	struct tfab_context *ctx;
@@ -125,6 +127,8 @@ void tfab__peer_free(struct tfab_peer *peer)
 	cut = peer->cut ||
 	      (!peer->failed && (!tfab__list_empty(&peer->requests) || peer->ncancelled ||
 				 peer->cancelled_lost || peer->nheld_dests));
+	/* (a freed peer has failed first, which ended these: none is left to point at it) */
+	cancelling_release(peer, true, true);
 	if (ctx->peer_by_id && peer->id < ctx->peer_cap && ctx->peer_by_id[peer->id] == peer)
 		ctx->peer_by_id[peer->id] = NULL;
 	tfab__list_del(&peer->link);
@@ -230,6 +234,7 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 	tfab__list_init(&peer->link);
 	tfab__list_init(&peer->pending);
 	tfab__list_init(&peer->requests);
+	tfab__list_init(&peer->cancelling);
 	rc = tfab__htable_init(&peer->meta, 64);
 	if (rc == 0)
 		rc = tfab__htable_init(&peer->answers, 64);
@@ -992,6 +997,33 @@ void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf)
 	peer->held_dests[peer->nheld_dests++] = (struct tfab_held_dest){.buf = buf, .seq = seq};
 }
 
+void tfab__peer_hold_request(struct tfab_peer *peer, struct tfab_request *r)
+{
+	r->state = TFAB_REQ_CANCELLING;
+	r->cancel_seq = last_msg_seq(peer);
+	r->since_ms = tfab__coarse_ms();
+	tfab__list_del(&r->link);
+	tfab__list_add_tail(&peer->cancelling, &r->link);
+}
+
+/*
+ * Credits came back: the cancelling receives whose CANCEL they cover end (the peer read it,
+ * and what it wrote before has landed); all of them with the peer (revoke: it may still
+ * write, unless it left).
+ */
+static void cancelling_release(struct tfab_peer *peer, bool all, bool revoke)
+{
+	struct tfab_list *l, *t;
+
+	tfab_list_for_each_safe(l, t, &peer->cancelling)
+	{
+		struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
+
+		if (all || (int32_t)(peer->tx_acked - r->cancel_seq) >= 0)
+			tfab__request_cancelled(r, revoke);
+	}
+}
+
 void tfab__peer_cancelled(struct tfab_peer *peer, uint32_t index)
 {
 	if (peer->ncancelled == peer->cancelled_cap) {
@@ -1094,6 +1126,7 @@ static void on_leave(struct tfab_peer *peer)
 	peer->ncancelled = 0;
 	peer->cancelled_lost = false;
 	held_dests_release(peer);
+	cancelling_release(peer, true, false);
 	tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
 }
 
@@ -1232,6 +1265,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 		peer->tx_acked += low;
 		if (peer->nheld_dests)
 			held_dests_release(peer);
+		if (!tfab__list_empty(&peer->cancelling))
+			cancelling_release(peer, false, false);
 		if (peer->ncancelled)
 			cancelled_release(peer);
 		TFAB_TRACE(SUBSYS, "peer %u: %u credits back", peer->id, low);
@@ -1258,6 +1293,8 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 	peer->tx_acked += m.credits;
 	if (m.credits && peer->nheld_dests)
 		held_dests_release(peer);
+	if (m.credits && !tfab__list_empty(&peer->cancelling))
+		cancelling_release(peer, false, false);
 	if (m.credits && peer->ncancelled)
 		cancelled_release(peer);
 	peer->rx_consumed[low] = 1;
@@ -1371,6 +1408,7 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 		tfab__request_fail(tfab_container_of(l, struct tfab_request, link), peer->failed,
 				   false);
 	}
+	cancelling_release(peer, true, !peer->left);
 	tfab__sends_fail_peer(ctx, peer, peer->failed);
 	if (ctx->coll && ctx->coll->on_fail(ctx->coll_arg, peer, peer->failed))
 		ctx->coll_due = true;

@@ -200,6 +200,12 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 
 	if (r->state == TFAB_REQ_DONE)
 		return;
+	if (r->state == TFAB_REQ_CANCELLING) {
+		/* given up already: only the peer's end can end it early */
+		if (!tell_sender)
+			tfab__request_cancelled(r, !r->peer->left);
+		return;
+	}
 	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u fails: %s%s", r->key,
 		   (long long)r->step, r->peer->id, tfab_strerror(status),
 		   tell_sender && !r->peer->failed ? " (cancel sent)" : "");
@@ -212,6 +218,17 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 		/* its content (or empty write) may be on its way: no lie until the CANCEL is read */
 		if (r->state == TFAB_REQ_REQUESTED)
 			tfab__peer_cancelled(r->peer, r->index);
+		/*
+		 * The application's own memory is not the library's to discard as a pool block
+		 * is, nor to hand back while the peer may write into it: the receive ends once
+		 * the peer has read the CANCEL (whatever it wrote before has landed then, and
+		 * it writes nothing after), or with the peer.
+		 */
+		if (exposed && !r->dest_pool && !r->peer->failed) {
+			r->status = status;
+			tfab__peer_hold_request(r->peer, r);
+			return;
+		}
 	}
 	/*
 	 * The sender may already be writing, a failed one too (a partition, a silence past the
@@ -220,6 +237,17 @@ void tfab__request_fail(struct tfab_request *r, int status, bool tell_sender)
 	 */
 	dest_release(r, exposed);
 	request_done(r, status);
+}
+
+void tfab__request_cancelled(struct tfab_request *r, bool revoke)
+{
+	TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld from peer %u: %s; ends: %s", r->key,
+		   (long long)r->step, r->peer->id,
+		   revoke ? "the peer may still write into its destination, which is revoked"
+			  : "the peer read its CANCEL",
+		   tfab_strerror(r->status));
+	dest_release(r, revoke);
+	request_done(r, r->status);
 }
 
 /* A shape in words for messages: "[2,8]". */
@@ -526,10 +554,12 @@ void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t le
 	struct tfab_request *r = request_find(ctx, index);
 	struct tfab_peer *src = src_id < ctx->peer_cap ? ctx->peer_by_id[src_id] : NULL;
 	uint32_t slot = index & REQ_SLOT_MASK;
-	struct tfab_request *live =
-	    slot < ctx->req_cap && ctx->reqs[slot] && ctx->reqs[slot]->index == index
-		? ctx->reqs[slot]
-		: NULL;
+	/* (one cancelling is no longer waiting: what lands for it is a write before the CANCEL) */
+	struct tfab_request *live = slot < ctx->req_cap && ctx->reqs[slot] &&
+					    ctx->reqs[slot]->index == index &&
+					    ctx->reqs[slot]->state != TFAB_REQ_CANCELLING
+					? ctx->reqs[slot]
+					: NULL;
 	/* a tensor with no content is answered by a zero-byte write, into no destination */
 	bool empty = r && r->meta_valid && (r->meta.is_dead || r->meta.nbytes == 0) && len == 0 &&
 		     !r->dest_mr && r->state == TFAB_REQ_REQUESTED;
@@ -897,6 +927,20 @@ void tfab__recv_deadlines(struct tfab_peer *peer, uint64_t now_ms)
 
 	if (!limit || peer->failed)
 		return;
+	tfab_list_for_each_safe(l, t, &peer->cancelling)
+	{
+		struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
+
+		if (now_ms - r->since_ms < limit)
+			continue;
+		TFAB_WARN(SUBSYS,
+			  "receive of '%s' step %lld from peer %u: the peer has not read its "
+			  "CANCEL in %llu ms (TFAB_OP_TIMEOUT_MS); the destination is revoked (a "
+			  "write into it now fails the peer)",
+			  r->key, (long long)r->step, peer->id,
+			  (unsigned long long)(now_ms - r->since_ms));
+		tfab__request_cancelled(r, true);
+	}
 	tfab_list_for_each_safe(l, t, &peer->requests)
 	{
 		struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
@@ -1073,6 +1117,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 {
 	struct tfab_sync_wait w = {0};
 	struct tfab_request *r = NULL;
+	bool gave_up = false;
 	uint64_t deadline;
 	int rc;
 
@@ -1088,17 +1133,25 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 	tfab__peers_flush(ctx, false);
 	/* w is written under the lock; r lives at least until w.done. */
 	while (!w.done) {
-		if (tfab__now_ms() >= deadline) {
+		uint64_t now = tfab__now_ms();
+
+		if (!gave_up && now >= deadline) {
 			TFAB_DEBUG(SUBSYS, "receive of '%s' step %lld: gave up after %d ms", r->key,
 				   (long long)step, timeout_ms);
-			tfab__request_fail(r, -ETIMEDOUT, true); /* sets w.done */
-			break;
+			/*
+			 * Done here, unless the peer may still write into the caller's memory:
+			 * then once it has read the CANCEL (at its next progress call), or
+			 * with it (tfab__peer_hold_request).
+			 */
+			tfab__request_fail(r, -ETIMEDOUT, true);
+			gave_up = true;
+			continue;
 		}
 		/* In a callback on the progress thread, no other thread drives progress. */
 		if (ctx->thread_running && !pthread_equal(pthread_self(), ctx->progress_thread)) {
-			tfab__cond_wait_until(ctx, deadline);
+			tfab__cond_wait_until(ctx, gave_up ? now + 100 : deadline);
 		} else {
-			tfab__progress_turn(ctx, 0);
+			tfab__progress_turn(ctx, gave_up ? TFAB_IDLE_PAUSE_US : 0);
 		}
 	}
 	tfab__peers_flush(ctx, false); /* the TAKEN that progress held: nothing follows it here */

@@ -2883,7 +2883,9 @@ static int sc_peer_forgotten(struct mp *mp)
  * up; rank 1 then offers the tensor, having read rank 0's request and cancel while it waited
  * (poll), or not (both still unread when the send is posted). The send is not reported done
  * before rank 0's second receive has taken it, and that receive gets the data: into a pool
- * tensor and into a caller's buffer.
+ * tensor and into a caller's buffer. A receive into a caller's buffer that gave up returns once
+ * rank 1 has read its cancel (rank 1 may be writing into the buffer until then): so where rank
+ * 1 reads nothing while it waits, it waits a time past the timeout, not for rank 0's word.
  */
 static int sc_recv_timeout(struct mp *mp)
 {
@@ -2949,6 +2951,8 @@ static int sc_recv_timeout(struct mp *mp)
 		tensor_fill(&t, 7000 + (uint64_t)round);
 		if (poll)
 			CHECK_RC(mp_wait_note(mp, 0, timedout, WAIT_MS), 0);
+		else if (caller)
+			usleep(600 * 1000); /* rank 0's receive gives up meanwhile */
 		else
 			CHECK_RC(mp_wait_note_quiet(mp, 0, timedout, WAIT_MS), 0);
 		CHECK_RC(tfab_send(mp->ctx, "late", step, &t.dl, false, on_sent, &d), 0);
@@ -2963,6 +2967,113 @@ static int sc_recv_timeout(struct mp *mp)
 		CHECK_RC(mp_note(mp, checked), 0);
 		CHECK(wait_n(mp, &d, 1));
 		CHECK(d.errors == 0);
+	}
+	tensor_free(&t);
+	return 0;
+}
+
+/*
+ * A receive into the caller's buffer gives up after rank 1 has read (parked) its request, and
+ * rank 1, which drives no progress for a while, then posts the send: it finds the request
+ * parked and writes at once, before it reads the cancel. That write must not land in a buffer
+ * rank 0 was given back (rank 0 fills it with a pattern after its receive returned, and finds
+ * the pattern intact), nor break the connection (a write into a revoked region does on tcp and
+ * verbs): the send goes to rank 0's next receive, into the same buffer, and ends delivered.
+ * Rounds: the send posted while rank 0's receive still waits for rank 1's word (round 0);
+ * long after (round 1: rank 1 progresses between its parking and its send, so it reads the
+ * cancel first); and as round 0 with rank 0 asking again, into the same buffer, as soon as its
+ * receive returned (round 2: on tcp, the write into the revoked buffer broke the connection).
+ */
+static int sc_cancel_caller_dest(struct mp *mp)
+{
+	int64_t shape[1] = {262144};
+	struct tensor t;
+
+	tensor_make(&t, f32, 1, shape);
+	for (int round = 0; round < 3; round++) {
+		int64_t step = 70 + round;
+		char returned[32], sent[32], checked[32];
+
+		snprintf(returned, sizeof(returned), "ccd_returned%d", round);
+		snprintf(sent, sizeof(sent), "ccd_sent%d", round);
+		snprintf(checked, sizeof(checked), "ccd_checked%d", round);
+		if (mp->rank == 0) {
+			DLManagedTensor *m = NULL;
+			uint64_t t0 = ms_now();
+
+			/* the meta-data first, so that the request carries the destination */
+			if (round == 0)
+				CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "ccd", 0, &t.dl,
+							WAIT_MS, &m, NULL),
+					 0);
+			if (m)
+				m->deleter(m);
+			m = NULL;
+			memset(t.buf, 0, t.nbytes);
+			CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "ccd", step, &t.dl, 300, &m,
+						NULL),
+				 -ETIMEDOUT);
+			CHECK(m == NULL);
+			fprintf(stderr, "rank 0: round %d: the receive gave up after %llu ms\n",
+				round, (unsigned long long)(ms_now() - t0));
+			/* The buffer is ours again: whatever rank 1 does now must not touch it. */
+			memset(t.buf, 0xa5, t.nbytes);
+			CHECK_RC(mp_note(mp, returned), 0);
+			if (round != 2)
+				CHECK_RC(mp_wait_note(mp, 1, sent, WAIT_MS), 0);
+			for (size_t i = 0; i < t.nbytes && round != 2; i++) {
+				if (((uint8_t *)t.buf)[i] != 0xa5) {
+					fprintf(
+					    stderr,
+					    "rank 0: round %d: byte %zu of the buffer given back "
+					    "was written (%#x)\n",
+					    round, i, ((uint8_t *)t.buf)[i]);
+					CHECK(false);
+				}
+			}
+			CHECK_RC(tfab_recv_sync(mp->ctx, mp->peers[1], "ccd", step, &t.dl, WAIT_MS,
+						&m, NULL),
+				 0);
+			CHECK(bytes_match(t.buf, t.nbytes, 9100 + (uint64_t)round));
+			if (m)
+				m->deleter(m);
+			CHECK_RC(mp_note(mp, checked), 0);
+			continue;
+		}
+		struct done d = {0};
+		uint64_t until;
+
+		if (round == 0) {
+			tensor_fill(&t, 1);
+			CHECK_RC(tfab_send(mp->ctx, "ccd", 0, &t.dl, false, on_sent, &d), 0);
+			CHECK(wait_n(mp, &d, 1));
+			d = (struct done){0};
+		}
+		tensor_fill(&t, 9100 + (uint64_t)round);
+		/* rank 0's request arrives and is parked: no send of that step yet */
+		for (until = ms_now() + 150; ms_now() < until;)
+			tfab_progress(mp->ctx);
+		if (round != 1) {
+			usleep(600 * 1000); /* rank 0's receive gives up meanwhile */
+		} else {
+			CHECK_RC(mp_wait_note(mp, 0, returned, WAIT_MS), 0);
+		}
+		CHECK_RC(tfab_send(mp->ctx, "ccd", step, &t.dl, false, on_sent, &d), 0);
+		for (until = ms_now() + 300; ms_now() < until;)
+			tfab_progress(mp->ctx);
+		/* (in round 2, rank 0 asked again as soon as its receive returned) */
+		if (done_n(&d) && round != 2)
+			fprintf(stderr,
+				"rank 1: round %d: the send ended with %s before a receive\n",
+				round, tfab_strerror(d.last_status));
+		CHECK(done_n(&d) == 0 || round == 2);
+		CHECK_RC(mp_note(mp, sent), 0);
+		CHECK(wait_n(mp, &d, 1));
+		if (d.errors)
+			fprintf(stderr, "rank 1: round %d: the send ended with %s\n", round,
+				tfab_strerror(d.last_status));
+		CHECK(d.errors == 0);
+		CHECK_RC(mp_wait_note(mp, 0, checked, WAIT_MS), 0);
 	}
 	tensor_free(&t);
 	return 0;
@@ -4472,6 +4583,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "taken_then_left", .nranks = 2, .fn = sc_taken_then_left, .no_barrier = true},
     {.name = "peer_forgotten", .nranks = 2, .fn = sc_peer_forgotten, .no_barrier = true},
     {.name = "recv_timeout", .nranks = 2, .fn = sc_recv_timeout},
+    {.name = "cancel_caller_dest", .nranks = 2, .fn = sc_cancel_caller_dest},
     {.name = "stale_reply", .nranks = 2, .fn = sc_stale_reply},
     {.name = "send_to", .nranks = 3, .fn = sc_send_to},
     {.name = "flush", .nranks = 2, .fn = sc_flush},
