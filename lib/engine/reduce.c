@@ -241,6 +241,23 @@ size_t tfab__compressed_size(enum tfab_compress how, size_t n)
 	}
 }
 
+/*
+ * The step of a block whose largest |value| is m (finite, > 0): m / 127, rounded so that every
+ * value lands within half a step. Where the step is subnormal its rounding is coarse: it goes
+ * up a unit if m would lie beyond 127.5 steps (and so clip), and is never 0. Near FLT_MAX it
+ * goes down a unit if 127 steps would overflow to infinity.
+ */
+static float int8_scale(float m)
+{
+	float scale = m / 127.0f;
+
+	if ((double)scale * 127.5 < (double)m)
+		scale = nextafterf(scale, INFINITY);
+	if (isinf(127.0f * scale))
+		scale = nextafterf(scale, 0.0f);
+	return scale;
+}
+
 /* With resid: src + resid is quantized, and resid keeps what quantizing lost. */
 static void int8_compress(uint8_t *dst, const float *src, float *resid, size_t n)
 {
@@ -249,7 +266,7 @@ static void int8_compress(uint8_t *dst, const float *src, float *resid, size_t n
 		const float *x = src + b;
 		float *e = resid ? resid + b : NULL;
 		int8_t *q = (int8_t *)(dst + 4);
-		float m = 0.0f, scale, inv;
+		float m = 0.0f, scale, inv, pre;
 
 		if (e) {
 			for (size_t i = 0; i < len; i++)
@@ -261,11 +278,13 @@ static void int8_compress(uint8_t *dst, const float *src, float *resid, size_t n
 
 			m = v > m ? v : m;
 		}
-		scale = isfinite(m) && m > 0.0f ? m / 127.0f : 0.0f;
-		inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+		scale = isfinite(m) && m > 0.0f ? int8_scale(m) : 0.0f;
+		/* a step below 2^-100 has no fp32 inverse: scale x and the inverse by 2^64 */
+		pre = scale > 0.0f && scale < 0x1p-100f ? 0x1p64f : 1.0f;
+		inv = scale > 0.0f ? 1.0f / (scale * pre) : 0.0f;
 		memcpy(dst, &scale, 4);
 		for (size_t i = 0; i < len; i++) {
-			float v = rintf(x[i] * inv);
+			float v = rintf(x[i] * pre * inv);
 			int8_t qi = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
 
 			q[i] = qi;
