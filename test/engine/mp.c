@@ -319,6 +319,15 @@ int mp_wait_note_quiet(struct mp *mp, int rank, const char *what, int stall_ms)
 	return wait_note(mp, rank, what, stall_ms, false);
 }
 
+bool mp_noted(struct mp *mp, int rank, const char *what)
+{
+	char path[512];
+
+	(void)mp;
+	snprintf(path, sizeof(path), "%s/%s%d", scratch, what, rank);
+	return access(path, F_OK) == 0;
+}
+
 static int mp_setup(struct mp *mp)
 {
 	uint16_t port;

@@ -109,6 +109,8 @@ int mp_note(struct mp *mp, const char *what);
 int mp_wait_note(struct mp *mp, int rank, const char *what, int stall_ms);
 /* The same without driving progress: what the peer writes meanwhile stays unread. */
 int mp_wait_note_quiet(struct mp *mp, int rank, const char *what, int stall_ms);
+/* Whether rank has marked what, now: no wait, no progress. */
+bool mp_noted(struct mp *mp, int rank, const char *what);
 
 /* A number published by this rank outside the fabric (a port), and one read from rank's. */
 int mp_put(struct mp *mp, const char *what, unsigned value);
