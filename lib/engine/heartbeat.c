@@ -46,8 +46,8 @@ static void *heartbeat_main(void *arg)
 
 	pthread_mutex_lock(&hb->lock);
 	clock_gettime(CLOCK_MONOTONIC, &at);
-	while (!hb->stop) {
-		beat_all(hb);
+	/* An interval first: each connection had its first beat when it was added. */
+	for (;;) {
 		at.tv_sec += hb->interval_ms / 1000;
 		at.tv_nsec += (long)(hb->interval_ms % 1000) * 1000000L;
 		if (at.tv_nsec >= 1000000000L) {
@@ -56,6 +56,9 @@ static void *heartbeat_main(void *arg)
 		}
 		while (!hb->stop && pthread_cond_timedwait(&hb->cond, &hb->lock, &at) != ETIMEDOUT)
 			;
+		if (hb->stop)
+			break;
+		beat_all(hb);
 	}
 	pthread_mutex_unlock(&hb->lock);
 	return NULL;

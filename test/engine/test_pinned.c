@@ -9,7 +9,9 @@
  *   least (tfab_recv_ahead);
  * - cancel_credits: a CANCEL makes its reader return the credits it holds at its next flush,
  *   fewer than a batch too, so the canceller lets the destination go (protocol.md, "Flow
- *   control").
+ *   control");
+ * - heartbeats: one byte on the bootstrap connection at once, then one each
+ *   TFAB_HEARTBEAT_MS, whether the process calls progress or is busy; none with 0.
  */
 #include <assert.h>
 #include <errno.h>
@@ -18,6 +20,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include "engine/engine.h"
 #include "mp.h"
@@ -449,10 +454,157 @@ static int sc_cancel_credits(struct mp *mp)
 	return pair_close(mp, &p);
 }
 
+/* Bytes waiting unread on the peer's bootstrap connection: heartbeats, nothing else. */
+static int beats_waiting(struct mp *mp, struct tfab_peer *peer, int *n_p)
+{
+	char buf[256];
+	int n = 0;
+	ssize_t got;
+
+	CHECK(peer->sock >= 0);
+	CHECK(ioctl(peer->sock, FIONREAD, &n) == 0);
+	CHECK(n >= 0 && (size_t)n <= sizeof(buf));
+	got = n ? recv(peer->sock, buf, (size_t)n, MSG_PEEK | MSG_DONTWAIT) : 0;
+	CHECK(got == n);
+	for (int i = 0; i < n; i++)
+		CHECK(buf[i] == 'H');
+	*n_p = n;
+	return 0;
+}
+
+/*
+ * Heartbeats rank 1 writes in a window of about a second, counted on rank 0's end of the
+ * bootstrap connection, which rank 0 leaves unread (it calls no progress on that context),
+ * while rank 1 does what `what` says until rank 0 marks its end.
+ */
+static int beats_in_window(struct mp *mp, struct pair *p, const char *what, unsigned interval,
+			   int *n_p, double *expected_p)
+{
+	char end[64];
+	uint64_t t0, t1;
+	int c0, c1;
+
+	snprintf(end, sizeof(end), "beat_%s_end", what);
+	CHECK_RC(mp_note(mp, what), 0);
+	CHECK_RC(mp_wait_note_quiet(mp, 1, what, 0), 0); /* rank 1 has begun */
+	usleep(50000);
+	CHECK(beats_waiting(mp, p->peer, &c0) == 0);
+	t0 = ms_now();
+	usleep(1000000);
+	CHECK(beats_waiting(mp, p->peer, &c1) == 0);
+	t1 = ms_now();
+	CHECK_RC(mp_note(mp, end), 0);
+	*n_p = c1 - c0;
+	*expected_p = (double)(t1 - t0) / interval;
+	return 0;
+}
+
+/*
+ * Heartbeats (doc/design.md, "Liveness"; TFAB_HEARTBEAT_MS): rank 1 beats, rank 0 (which
+ * sends none: TFAB_HEARTBEAT_MS=0) counts the bytes on its end of the bootstrap connection.
+ * - the first goes at once: one byte right after connecting, and no more within the
+ *   interval (60 s here);
+ * - then one each interval (100 ms here), whether rank 1 calls progress all the time (idle)
+ *   or not at all (busy: spinning): over a window of about a second, the window's length over
+ *   the interval, give or take one at each edge;
+ * - none at all with TFAB_HEARTBEAT_MS=0.
+ */
+static int sc_heartbeats(struct mp *mp)
+{
+	static const char *const phases[] = {"idle", "busy"};
+	const char *mine = mp->rank == 1 ? "60000" : "0";
+	struct pair p;
+	int n;
+
+	/* the first beat */
+	CHECK(pair_open(mp, &p, "beat_first",
+			(const char *const[]){"TFAB_HEARTBEAT_MS", mine, "TFAB_PROGRESS_THREAD",
+					      "0", NULL}) == 0);
+	if (mp->rank == 0) {
+		uint64_t until = ms_now() + (uint64_t)WAIT_MS;
+
+		for (;;) {
+			CHECK(beats_waiting(mp, p.peer, &n) == 0);
+			if (n > 0 || ms_now() > until)
+				break;
+			usleep(1000);
+		}
+		usleep(300000);
+		CHECK(beats_waiting(mp, p.peer, &n) == 0);
+		if (n != 1) {
+			fprintf(
+			    stderr,
+			    "rank 0: %d heartbeat(s) within 300 ms of connecting, at an interval "
+			    "of 60 s: not the one that goes at once\n",
+			    n);
+			return 1;
+		}
+	}
+	CHECK(pair_close(mp, &p) == 0);
+
+	/* one each interval, idle or busy */
+	mine = mp->rank == 1 ? "100" : "0";
+	CHECK(pair_open(mp, &p, "beat_rate",
+			(const char *const[]){"TFAB_HEARTBEAT_MS", mine, "TFAB_PROGRESS_THREAD",
+					      "0", "TFAB_OP_TIMEOUT_MS", "0", NULL}) == 0);
+	for (int ph = 0; ph < 2; ph++) {
+		char end[64];
+
+		snprintf(end, sizeof(end), "beat_%s_end", phases[ph]);
+		if (mp->rank == 1) {
+			uint64_t until = ms_now() + 4 * (uint64_t)WAIT_MS;
+			volatile uint64_t spin = 0;
+
+			CHECK_RC(mp_wait_note_quiet(mp, 0, phases[ph], 0), 0);
+			CHECK_RC(mp_note(mp, phases[ph]), 0);
+			while (!mp_noted(mp, 0, end) && ms_now() < until) {
+				if (ph == 0) {
+					tfab_progress(p.ctx);
+					continue;
+				}
+				for (int k = 0; k < 100000; k++)
+					spin += (uint64_t)k;
+			}
+			CHECK(mp_noted(mp, 0, end));
+		} else {
+			double expected;
+
+			CHECK(beats_in_window(mp, &p, phases[ph], 100, &n, &expected) == 0);
+			printf("heartbeats: %d in %.0f ms at 100 ms, rank 1 %s\n", n,
+			       expected * 100, phases[ph]);
+			/* the beats the window spans, one more or fewer at either edge */
+			int lo = (int)expected - 1,
+			    hi = (int)expected + (expected > (int)expected) + 1;
+
+			if (n < lo || n > hi) {
+				fprintf(stderr,
+					"rank 0: %d heartbeats in %.0f ms from rank 1 (%s), at "
+					"an interval of 100 ms: not one each interval\n",
+					n, expected * 100, phases[ph]);
+				return 1;
+			}
+		}
+	}
+	CHECK(pair_close(mp, &p) == 0);
+
+	/* none */
+	CHECK(pair_open(mp, &p, "beat_none",
+			(const char *const[]){"TFAB_HEARTBEAT_MS", "0", "TFAB_PROGRESS_THREAD", "0",
+					      NULL}) == 0);
+	usleep(300000);
+	CHECK(beats_waiting(mp, p.peer, &n) == 0);
+	if (n != 0) {
+		fprintf(stderr, "rank %d: %d heartbeat(s) with TFAB_HEARTBEAT_MS=0\n", mp->rank, n);
+		return 1;
+	}
+	return pair_close(mp, &p);
+}
+
 static const struct mp_scenario scenarios[] = {
     {.name = "meta_lru", .nranks = 2, .fn = sc_meta_lru},
     {.name = "ahead_bound", .nranks = 2, .fn = sc_ahead_bound},
     {.name = "cancel_credits", .nranks = 2, .fn = sc_cancel_credits},
+    {.name = "heartbeats", .nranks = 2, .fn = sc_heartbeats},
 };
 
 int main(int argc, char **argv)
