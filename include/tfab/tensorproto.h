@@ -27,6 +27,7 @@
 #define TFAB_TENSORPROTO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <dlpack/dlpack.h>
 #include <tfab/export.h>
@@ -49,18 +50,32 @@ TFAB_EXPORT int tfab_tensorproto_encode_strings(const struct tfab_string_tensor 
  * its deleter), a string tensor to *strings_p (release with tfab_string_tensor_free); the other
  * is set to NULL. Passing NULL for one refuses that kind with -EPROTOTYPE. Malformed bytes,
  * or a shape or content TensorFlow refuses (above): -TFAB_ERR_PROTOCOL; an unsupported
- * DataType (DT_INVALID, a message with no dtype, included): -EOPNOTSUPP.
+ * DataType (DT_INVALID, a message with no dtype, included): -EOPNOTSUPP. A tensor that would
+ * take more than TFAB_TENSORPROTO_DEFAULT_MAX: -EMSGSIZE (below).
  */
 TFAB_EXPORT int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
 					struct tfab_string_tensor **strings_p);
 
 /*
- * The most a decoded tensor may take: its elements' bytes (a string tensor: 16 bytes an
- * element, besides the strings). A few bytes of TensorProto can describe a tensor of any size
- * whose values repeat (TensorFlow fills with the last value given); one past this bound fails
- * with -EMSGSIZE instead of taking the memory. It is protobuf's own limit on a message.
+ * The same, with the memory the decode may hold at once bounded by max_bytes instead: the
+ * message as protobuf-c parses it (with its scratch while it parses, about 32 bytes a value
+ * of a repeated field; a string tensor's strings stay in the message), and the decoded
+ * tensor (its elements' bytes; a string tensor's element entries, 16 bytes each, besides
+ * its strings), each allocation counted as glibc's malloc takes it. A few bytes of TensorProto
+ * can claim a tensor of any size whose values repeat (TensorFlow fills with the last value
+ * given, or zeros): the claim is checked before anything is allocated for it, and one past
+ * the bound fails with -EMSGSIZE and an error line with the sizes. Within the bound, the time
+ * a decode takes is that of writing what it returns.
  */
-#define TFAB_TENSORPROTO_MAX_DECODED 0x7fffffffull
+TFAB_EXPORT int tfab_tensorproto_decode_max(const void *buf, size_t len, uint64_t max_bytes,
+					    DLManagedTensor **tensor_p,
+					    struct tfab_string_tensor **strings_p);
+
+/*
+ * tfab_tensorproto_decode's bound: 256 MiB, the default of TFAB_STRING_MAX_BYTES, the setting
+ * that bounds a string tensor a context receives.
+ */
+#define TFAB_TENSORPROTO_DEFAULT_MAX (256ull << 20)
 
 #ifdef __cplusplus
 }

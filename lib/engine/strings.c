@@ -169,8 +169,9 @@ int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t
 		return -TFAB_ERR_PROTOCOL;
 	nbytes -= TFAB_WIRE_STRING_LEN;
 	/* The bytes must describe the tensor the meta-data announced: checked before decoding. */
-	rc = tfab__tensorproto_decode_shaped((const uint8_t *)content + TFAB_WIRE_STRING_LEN,
-					     nbytes, r->meta.ndim, r->meta.shape, NULL, &t);
+	rc = tfab__tensorproto_decode_shaped(
+	    (const uint8_t *)content + TFAB_WIRE_STRING_LEN, nbytes, r->ctx->cfg.string_max_bytes,
+	    "TFAB_STRING_MAX_BYTES", r->meta.ndim, r->meta.shape, NULL, &t);
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "receive of '%s': its TensorProto is refused: %s", r->key,
 			   tfab_strerror(rc));

@@ -5,8 +5,10 @@
  * TensorFlow's Tensor::FromProto (tensorflow/core/framework/tensor.cc) reads it.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <tfab/status.h>
 #include <tfab/tensorproto.h>
@@ -275,35 +277,161 @@ static int bad(const char *why)
 	return -TFAB_ERR_PROTOCOL;
 }
 
-/* A few bytes can describe a tensor of any size, its values repeated: bounded here. */
-static int too_big(uint64_t count, uint64_t bytes)
+/*
+ * What one decode may hold at once, against its bound: protobuf-c's allocations for the message
+ * (counted as it parses, through this allocator: the strings of a string tensor point into it)
+ * and the decoded tensor's. A few bytes can claim a tensor of any size whose values repeat;
+ * the claim is checked against what is left before anything is allocated for it.
+ */
+struct budget {
+	ProtobufCAllocator pa; /* what protobuf-c is given; its allocator_data is the budget */
+	uint64_t max, used;
+	const char *name; /* the bound's name, for the refusal */
+	bool over;	  /* an allocation of the parse was refused */
+};
+
+/* What glibc's malloc takes for size bytes: an 8-byte header, rounded up to 16 (32 at least). */
+static uint64_t malloc_cost(uint64_t size)
+{
+	uint64_t c;
+
+	if (size > UINT64_MAX - 64)
+		return UINT64_MAX;
+	c = (size + 8 + 15) & ~(uint64_t)15;
+	return c < 32 ? 32 : c;
+}
+
+static uint64_t budget_left(const struct budget *b)
+{
+	return b->max - b->used;
+}
+
+/* What glibc's malloc holds for the block p: its usable size and an 8-byte header. */
+static uint64_t held(void *p)
+{
+	return malloc_usable_size(p) + 8;
+}
+
+/*
+ * The parse's allocations, counted while they are held: protobuf-c's scratch for repeated
+ * fields (freed before it returns) is counted while it lives, not after.
+ */
+static void *budget_alloc(void *data, size_t size)
+{
+	struct budget *b = data;
+	void *p;
+
+	if (malloc_cost(size) > budget_left(b)) {
+		b->over = true;
+		return NULL;
+	}
+	p = malloc(size);
+	if (p && held(p) > budget_left(b)) {
+		free(p);
+		b->over = true;
+		return NULL;
+	}
+	if (p)
+		b->used += held(p);
+	return p;
+}
+
+/* The message itself is freed with protobuf-c's default allocator (free) once it is out. */
+static void budget_free(void *data, void *p)
+{
+	struct budget *b = data;
+
+	if (p)
+		b->used -= held(p);
+	free(p);
+}
+
+static void budget_init(struct budget *b, uint64_t max, const char *name)
+{
+	b->pa.alloc = budget_alloc;
+	b->pa.free = budget_free;
+	b->pa.allocator_data = b;
+	b->max = max;
+	b->used = 0;
+	b->name = name;
+	b->over = false;
+}
+
+static int too_big(const struct budget *b, size_t len, uint64_t count, uint64_t bytes)
 {
 	TFAB_ERROR(SUBSYS,
-		   "a TensorProto of %llu elements would take %llu bytes decoded, more than "
-		   "TFAB_TENSORPROTO_MAX_DECODED (%llu)",
-		   (unsigned long long)count, (unsigned long long)bytes,
-		   (unsigned long long)TFAB_TENSORPROTO_MAX_DECODED);
+		   "a TensorProto of %zu bytes and %llu elements would take %llu bytes decoded "
+		   "(%llu of them its parse), more than %s (%llu bytes)",
+		   len, (unsigned long long)count, (unsigned long long)bytes,
+		   (unsigned long long)b->used, b->name, (unsigned long long)b->max);
 	return -EMSGSIZE;
+}
+
+/* Saturating, for the refusal's figure: what count elements of width bytes would take. */
+static uint64_t wanted(const struct budget *b, uint64_t count, uint64_t width, uint64_t fixed)
+{
+	if (width && count > (UINT64_MAX - fixed - b->used - 64) / width)
+		return UINT64_MAX;
+	return b->used + fixed + count * width;
+}
+
+/*
+ * Zeroed memory for a decoded tensor's elements. Where the system lends transparent huge
+ * pages on request, a large block asks for them before it is touched: filling 256 MiB in
+ * 4 KiB pages costs 65,536 page faults, most of the decode's time (tools/bench/decode-cost.c).
+ */
+static void *zalloc(size_t size)
+{
+	const uintptr_t huge = 2u << 20;
+	void *p = calloc(1, size);
+
+#ifdef MADV_HUGEPAGE
+	if (p && size >= 2 * huge) {
+		uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+		uintptr_t e = ((uintptr_t)p + size) & ~(huge - 1);
+
+		/* a hint: the pages are small where it is refused */
+		if (e > a)
+			(void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+	}
+#endif
+	return p;
+}
+
+/*
+ * Elements [given, count) of dst become copies of element given - 1 (given >= 1): memcpy of a
+ * run of copies that doubles, up to 256 KiB, so that filling costs what writing it does.
+ */
+static void repeat_last(uint8_t *dst, size_t width, uint64_t given, uint64_t count)
+{
+	uint8_t *run = dst + (given - 1) * width;
+	uint64_t have = 1, left = count - given, cap = (256u << 10) / width;
+
+	while (left) {
+		uint64_t k = have < left ? have : left;
+
+		if (k > cap)
+			k = cap;
+		memcpy(run + have * width, run, k * width);
+		have += k;
+		left -= k;
+	}
 }
 
 /*
  * TensorFlow's reading of a typed field (FromProtoField in its tensor.cc): n values for count
- * elements, the last one repeated when there are fewer, zeros when there are none, and only
- * the first count read when there are more.
+ * elements, the last one repeated when there are fewer, zeros when there are none (dst comes
+ * zeroed), and only the first count read when there are more.
  */
 static void fill_values(uint8_t *dst, uint64_t count, size_t width, const void *src, size_t n,
 			size_t src_width, void (*conv)(uint8_t *dst, const void *src))
 {
-	for (uint64_t i = 0; i < count; i++) {
-		uint8_t *d = dst + i * width;
+	uint64_t given = n < count ? n : count;
 
-		if (n == 0)
-			memset(d, 0, width);
-		else if (i < n)
-			conv(d, (const uint8_t *)src + i * src_width);
-		else
-			memcpy(d, d - width, width);
-	}
+	for (uint64_t i = 0; i < given; i++)
+		conv(dst + i * width, (const uint8_t *)src + i * src_width);
+	if (given)
+		repeat_last(dst, width, given, count);
 }
 
 #define CONV(name, from, to)                            \
@@ -393,21 +521,22 @@ static void decode_values(const Tensorflow__TensorProto *m, DLDataType dt, uint8
 	}
 }
 
-static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *shape,
-			  uint64_t count, DLManagedTensor **tensor_p)
+static int decode_numeric(Tensorflow__TensorProto *m, struct budget *b, size_t len, int ndim,
+			  const int64_t *shape, uint64_t count, DLManagedTensor **tensor_p)
 {
 	struct owned_tensor *o;
 	DLDataType dt;
-	uint64_t nbytes;
+	uint64_t nbytes, w;
 	int rc = dl_of_tf(m->dtype, &dt);
 
 	if (rc)
 		return rc;
-	if (count > UINT64_MAX / 16)
-		return bad("too many elements");
-	nbytes = count * (dt.bits / 8);
-	if (nbytes > TFAB_TENSORPROTO_MAX_DECODED)
-		return too_big(count, nbytes);
+	w = dt.bits / 8;
+	/* Before any loop over the elements or allocation for them: the claim against the bound. */
+	if (count > budget_left(b) / w || malloc_cost(count * w) > budget_left(b) ||
+	    malloc_cost(sizeof(*o)) > budget_left(b) - malloc_cost(count * w))
+		return too_big(b, len, count, wanted(b, count, w, malloc_cost(sizeof(*o))));
+	nbytes = count * w;
 	/* With no elements TensorFlow reads neither tensor_content nor the values. */
 	if (nbytes && m->tensor_content.len) {
 		if (m->tensor_content.len != nbytes)
@@ -421,7 +550,8 @@ static int decode_numeric(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 	if (!o)
 		return -ENOMEM;
 	if (nbytes) {
-		o->data = malloc(nbytes);
+		/* zeroed: what TensorFlow fills with when no values are given */
+		o->data = zalloc(nbytes);
 		if (!o->data) {
 			free(o);
 			return -ENOMEM;
@@ -479,20 +609,24 @@ static int string_list(const ProtobufCBinaryData *c, uint64_t count, struct tfab
 	return 0;
 }
 
-static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *shape,
-			  uint64_t count, struct tfab_string_tensor **strings_p)
+static int decode_strings(Tensorflow__TensorProto *m, struct budget *b, size_t len, int ndim,
+			  const int64_t *shape, uint64_t count,
+			  struct tfab_string_tensor **strings_p)
 {
+	const uint64_t w = sizeof(struct tfab_string);
 	struct owned_strings *o;
+	uint64_t given;
 	int rc = 0;
 
-	if (count > (SIZE_MAX - sizeof(*o)) / sizeof(struct tfab_string))
-		return bad("too many elements");
-	if (count > TFAB_TENSORPROTO_MAX_DECODED / sizeof(struct tfab_string))
-		return too_big(count, count * sizeof(struct tfab_string));
+	/* An element's entry, besides the message its bytes are in: bounded before anything. */
+	if (count > (SIZE_MAX - sizeof(*o)) / w || count > budget_left(b) / w ||
+	    malloc_cost(sizeof(*o) + count * w) > budget_left(b))
+		return too_big(b, len, count, wanted(b, count, w, sizeof(*o) + 16));
 	/* Each length takes a byte at least: refuse before allocating for them. */
 	if (count && m->tensor_content.len && count > m->tensor_content.len)
 		return bad("string lengths cut short in tensor_content");
-	o = calloc(1, sizeof(*o) + sizeof(struct tfab_string) * count);
+	/* zeroed: empty strings, what TensorFlow fills with when no values are given */
+	o = zalloc(sizeof(*o) + w * count);
 	if (!o)
 		return -ENOMEM;
 	/*
@@ -507,14 +641,14 @@ static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 			return rc;
 		}
 	} else {
-		for (uint64_t i = 0; i < count; i++) {
-			if (i < m->n_string_val) {
-				o->strings[i].data = (const char *)m->string_val[i].data;
-				o->strings[i].len = m->string_val[i].len;
-			} else if (i) {
-				o->strings[i] = o->strings[i - 1];
-			}
+		given = m->n_string_val < count ? m->n_string_val : count;
+		for (uint64_t i = 0; i < given; i++) {
+			o->strings[i].data = (const char *)m->string_val[i].data;
+			o->strings[i].len = m->string_val[i].len;
 		}
+		/* An empty last string repeats as the zeroed entries already are. */
+		if (given && o->strings[given - 1].len)
+			repeat_last((uint8_t *)o->strings, w, given, count);
 	}
 	memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
 	o->pub.ndim = ndim;
@@ -528,15 +662,26 @@ static int decode_strings(Tensorflow__TensorProto *m, int ndim, const int64_t *s
 int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
 			    struct tfab_string_tensor **strings_p)
 {
-	return tfab__tensorproto_decode_shaped(buf, len, -1, NULL, tensor_p, strings_p);
+	return tfab__tensorproto_decode_shaped(buf, len, TFAB_TENSORPROTO_DEFAULT_MAX,
+					       "tfab_tensorproto_decode's bound", -1, NULL,
+					       tensor_p, strings_p);
 }
 
-int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim,
+int tfab_tensorproto_decode_max(const void *buf, size_t len, uint64_t max_bytes,
+				DLManagedTensor **tensor_p, struct tfab_string_tensor **strings_p)
+{
+	return tfab__tensorproto_decode_shaped(buf, len, max_bytes, "max_bytes", -1, NULL, tensor_p,
+					       strings_p);
+}
+
+int tfab__tensorproto_decode_shaped(const void *buf, size_t len, uint64_t max_bytes,
+				    const char *max_name, int expect_ndim,
 				    const int64_t *expect_shape, DLManagedTensor **tensor_p,
 				    struct tfab_string_tensor **strings_p)
 {
 	Tensorflow__TensorProto *m;
 	int64_t shape[TFAB_MAX_DIMS];
+	struct budget b;
 	uint64_t count = 1;
 	int ndim, rc;
 
@@ -546,7 +691,14 @@ int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim
 		*tensor_p = NULL;
 	if (strings_p)
 		*strings_p = NULL;
-	m = tensorflow__tensor_proto__unpack(NULL, len, buf);
+	budget_init(&b, max_bytes, max_name);
+	m = tensorflow__tensor_proto__unpack(&b.pa, len, buf);
+	if (!m && b.over) {
+		TFAB_ERROR(SUBSYS,
+			   "a TensorProto of %zu bytes takes more than %s (%llu bytes) to parse",
+			   len, max_name, (unsigned long long)max_bytes);
+		return -EMSGSIZE;
+	}
 	if (!m)
 		return bad("protobuf-c could not parse it");
 	/*
@@ -566,7 +718,7 @@ int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim
 			goto out;
 		}
 		shape[i] = d;
-		if (d && count > UINT64_MAX / (uint64_t)d) {
+		if (d && count > INT64_MAX / (uint64_t)d) { /* as TensorFlow: an int64 */
 			rc = bad("too many elements");
 			goto out;
 		}
@@ -585,7 +737,7 @@ int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim
 			rc = -EPROTOTYPE;
 			goto out;
 		}
-		rc = decode_strings(m, ndim, shape, count, strings_p);
+		rc = decode_strings(m, &b, len, ndim, shape, count, strings_p);
 		if (rc == 0)
 			return 0; /* the string tensor owns m */
 		goto out;
@@ -595,7 +747,7 @@ int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim
 		rc = -EPROTOTYPE;
 		goto out;
 	}
-	rc = decode_numeric(m, ndim, shape, count, tensor_p);
+	rc = decode_numeric(m, &b, len, ndim, shape, count, tensor_p);
 out:
 	tensorflow__tensor_proto__free_unpacked(m, NULL);
 	return rc;

@@ -17,10 +17,12 @@ int tfab__tensorproto_pack_strings(const struct tfab_string_tensor *t,
 				   void **buf_p, size_t *len_p);
 
 /*
- * tfab_tensorproto_decode, refusing (-TFAB_ERR_PROTOCOL) a shape other than expect_ndim
- * dimensions of expect_shape before it allocates anything; expect_ndim -1 takes any.
+ * tfab_tensorproto_decode_max, its bound named max_name in a refusal (the setting it comes
+ * from), and refusing (-TFAB_ERR_PROTOCOL) a shape other than expect_ndim dimensions of
+ * expect_shape before it allocates anything; expect_ndim -1 takes any.
  */
-int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim,
+int tfab__tensorproto_decode_shaped(const void *buf, size_t len, uint64_t max_bytes,
+				    const char *max_name, int expect_ndim,
 				    const int64_t *expect_shape, DLManagedTensor **tensor_p,
 				    struct tfab_string_tensor **strings_p);
 

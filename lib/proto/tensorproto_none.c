@@ -32,11 +32,19 @@ int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tenso
 	return none();
 }
 
-int tfab__tensorproto_decode_shaped(const void *buf, size_t len, int expect_ndim,
+int tfab_tensorproto_decode_max(const void *buf, size_t len, uint64_t max_bytes,
+				DLManagedTensor **tensor_p, struct tfab_string_tensor **strings_p)
+{
+	(void)max_bytes;
+	return tfab_tensorproto_decode(buf, len, tensor_p, strings_p);
+}
+
+int tfab__tensorproto_decode_shaped(const void *buf, size_t len, uint64_t max_bytes,
+				    const char *max_name, int expect_ndim,
 				    const int64_t *expect_shape, DLManagedTensor **tensor_p,
 				    struct tfab_string_tensor **strings_p)
 {
-	(void)expect_ndim, (void)expect_shape;
+	(void)max_bytes, (void)max_name, (void)expect_ndim, (void)expect_shape;
 	return tfab_tensorproto_decode(buf, len, tensor_p, strings_p);
 }
 

@@ -154,6 +154,28 @@ static void format_bytes(const void *field, char *buf, size_t len)
 		snprintf(buf, len, "%llu", (unsigned long long)v);
 }
 
+/* Bytes as a 64-bit number (K, M, G suffixes) within the bounds. */
+static int parse_size(const char *text, void *field, size_t size, unsigned long min,
+		      unsigned long max)
+{
+	uint64_t v;
+	int rc;
+
+	(void)size;
+	rc = tfab__parse_size(text, &v);
+	if (rc)
+		return rc;
+	if (v < min || v > max)
+		return -ERANGE;
+	*(uint64_t *)field = v;
+	return 0;
+}
+
+static void format_size(const void *field, char *buf, size_t len)
+{
+	snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)field);
+}
+
 /* A secret is never shown: tfab-info and the logs see whether it is set, not what it is. */
 static void format_secret(const void *field, char *buf, size_t len)
 {
@@ -163,6 +185,7 @@ static void format_secret(const void *field, char *buf, size_t len)
 static const struct tfab_config_parser parser_string = {"string", parse_string, format_string};
 static const struct tfab_config_parser parser_secret = {"secret", parse_string, format_secret};
 static const struct tfab_config_parser parser_bytes = {"auto|bytes", parse_bytes, format_bytes};
+static const struct tfab_config_parser parser_size = {"bytes", parse_size, format_size};
 static const struct tfab_config_parser parser_uint = {"uint", parse_uint, format_uint};
 static const struct tfab_config_parser parser_auto_uint = {"auto|uint", parse_auto_uint,
 							   format_auto_uint};
@@ -302,6 +325,13 @@ static const struct tfab_config_entry table[] = {
      "tensor that grew within it is written at once, one that outgrew it costs a META_DATA "
      "round trip",
      FIELD(strings_headroom), &parser_uint, 0, 1000},
+    {"TFAB_STRING_MAX_BYTES", "268435456",
+     "The most memory a received string tensor may take decoded: its TensorProto as parsed "
+     "(the strings stay in it; protobuf-c's scratch while it parses counts too) and an entry "
+     "of 16 bytes per element. A few bytes can claim "
+     "millions of elements that repeat the last string; a claim past this is refused with "
+     "EMSGSIZE before anything is allocated for it, and the error names this setting",
+     FIELD(string_max_bytes), &parser_size, 4096, 1ul << 40},
     {"TFAB_EMPTY_WRITE", "1",
      "1 answers a request for an empty or dead tensor whose meta-data the receiver has cached "
      "with a zero-byte write; 0 with a META_DATA message, as for a changed tensor",

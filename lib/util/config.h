@@ -49,6 +49,7 @@ struct tfab_config {
 	unsigned ctrl_batch;	     /* TFAB_CTRL_BATCH */
 	unsigned key_index;	     /* TFAB_KEY_INDEX */
 	unsigned strings_headroom;   /* TFAB_STRINGS_HEADROOM */
+	uint64_t string_max_bytes;   /* TFAB_STRING_MAX_BYTES */
 	unsigned empty_write;	     /* TFAB_EMPTY_WRITE */
 	unsigned no_request;	     /* TFAB_NO_REQUEST */
 	unsigned ahead_taken_us;     /* TFAB_NO_REQUEST_TAKEN_US */

@@ -1,8 +1,9 @@
 /*
  * String tensors between processes: shapes from scalars to empty ones, empty strings and
  * non-UTF-8 bytes, a 64 MiB string, size changes between steps (the re-request path), dead
- * tensors, receives before and after sends, and a key received as the wrong kind (a clear
- * error that leaves the send for the right receive). Rank 1 sends, rank 0 receives.
+ * tensors, receives before and after sends, a key received as the wrong kind (a clear
+ * error that leaves the send for the right receive), and a tensor past the receiver's
+ * TFAB_STRING_MAX_BYTES (the same). Rank 1 sends, rank 0 receives.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -737,6 +738,80 @@ static int sc_strings_threads(struct mp *mp)
 	return check_copied(mp, &st0, copied);
 }
 
+/* The error lines rank 0 logs meanwhile. */
+static char max_logged[2048];
+
+static void max_capture(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	size_t n = strlen(max_logged);
+
+	(void)arg, (void)level, (void)subsys;
+	snprintf(max_logged + n, sizeof(max_logged) - n, "%s\n", msg);
+}
+
+/*
+ * TFAB_STRING_MAX_BYTES at the receiver: 64 KiB here. An empty string takes 2 bytes in the
+ * TensorProto; parsed, 16 in the message, 32 or so in protobuf-c's scratch while it parses,
+ * and 16 as an element. 1,000 of them fit; 3,000 do not: that receive fails with EMSGSIZE,
+ * and the error names the setting, its value and the TensorProto's size. Nothing is lost:
+ * the send stays for a receive that can take it, which one with a larger bound does, and the
+ * next step arrives whole.
+ */
+static int sc_strings_max_bytes(struct mp *mp)
+{
+	static const int64_t counts[3] = {1000, 3000, 1000};
+	static struct tfab_string empty[3000];
+
+	if (mp->rank == 0) {
+		tfab__ctx_lock(mp->ctx);
+		mp->ctx->cfg.string_max_bytes = 64 << 10;
+		tfab__ctx_unlock(mp->ctx);
+	}
+	CHECK(mp_barrier(mp, 1) == 0);
+	for (int step = 0; step < 3; step++) {
+		struct tfab_string_tensor t = {1, &counts[step], empty}, *got = NULL;
+
+		if (mp->rank == 1) {
+			struct sent d = {.want = 1};
+
+			CHECK_RC(tfab_send_strings(mp->ctx, "max", step, &t, false, on_sent, &d),
+				 0);
+			CHECK(mp_wait_flag(mp, &d.all, WAIT_MS));
+			CHECK(d.errors == 0);
+			continue;
+		}
+		if (step == 1) {
+			int rc;
+
+			max_logged[0] = '\0';
+			tfab_log_set_sink(max_capture, NULL);
+			rc = tfab_recv_strings_sync(mp->ctx, mp->peers[1], "max", step, WAIT_MS,
+						    &got, NULL);
+			tfab_log_set_sink(NULL, NULL);
+			CHECK_RC(rc, -EMSGSIZE);
+			CHECK(got == NULL);
+			CHECK(strstr(max_logged, "TFAB_STRING_MAX_BYTES (65536 bytes)"));
+			CHECK(strstr(max_logged, "a TensorProto of 6009 bytes takes more"));
+			tfab__ctx_lock(mp->ctx);
+			mp->ctx->cfg.string_max_bytes = 1 << 20;
+			tfab__ctx_unlock(mp->ctx);
+		}
+		CHECK_RC(
+		    tfab_recv_strings_sync(mp->ctx, mp->peers[1], "max", step, WAIT_MS, &got, NULL),
+		    0);
+		CHECK(got && got->ndim == 1 && got->shape[0] == counts[step]);
+		for (int64_t i = 0; i < counts[step]; i++)
+			CHECK(got->strings[i].len == 0);
+		tfab_string_tensor_free(got);
+		if (step == 1) {
+			tfab__ctx_lock(mp->ctx);
+			mp->ctx->cfg.string_max_bytes = 64 << 10;
+			tfab__ctx_unlock(mp->ctx);
+		}
+	}
+	return 0;
+}
+
 static const struct mp_scenario scenarios[] = {
     {.name = "strings_send_first", .nranks = 2, .fn = sc_strings_send_first},
     {.name = "strings_recv_first", .nranks = 2, .fn = sc_strings_recv_first},
@@ -745,6 +820,7 @@ static const struct mp_scenario scenarios[] = {
     {.name = "strings_lying_length", .nranks = 2, .fn = sc_strings_lying_length},
     {.name = "strings_big", .nranks = 2, .fn = sc_strings_big},
     {.name = "strings_kind", .nranks = 2, .fn = sc_strings_kind},
+    {.name = "strings_max_bytes", .nranks = 2, .fn = sc_strings_max_bytes},
     {.name = "strings_bad", .nranks = 2, .fn = sc_strings_bad},
     {.name = "strings_threads", .nranks = 2, .fn = sc_strings_threads},
 };

@@ -9,11 +9,13 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include <tfab/log.h>
 #include <tfab/status.h>
 #include <tfab/tensorproto.h>
 
@@ -272,9 +274,8 @@ static void test_bad_shape_or_dtype_refused(void **state)
 }
 
 /*
- * A few bytes whose repeated value would fill more than TFAB_TENSORPROTO_MAX_DECODED: refused
- * with -EMSGSIZE before anything is allocated (the fuzzer found 64 bytes that took 1.25 GB and
- * seconds; this bound keeps a peer's few bytes from taking more than protobuf's 2 GiB).
+ * A few bytes whose repeated value would fill more than the bound: refused with -EMSGSIZE
+ * before anything is allocated (the fuzzer found 64 bytes that took 1.25 GB and seconds).
  */
 static void test_huge_fill_refused(void **state)
 {
@@ -294,6 +295,260 @@ static void test_huge_fill_refused(void **state)
 	assert_null(s);
 }
 
+/* A TensorProto written here, field by field. */
+struct proto {
+	uint8_t b[1024];
+	size_t len;
+};
+
+static void put_byte(struct proto *p, uint8_t v)
+{
+	assert_true(p->len < sizeof(p->b));
+	p->b[p->len++] = v;
+}
+
+static size_t varint_size(uint64_t v)
+{
+	size_t n = 1;
+
+	for (; v > 0x7f; v >>= 7)
+		n++;
+	return n;
+}
+
+static void put_varint(struct proto *p, uint64_t v)
+{
+	for (; v > 0x7f; v >>= 7)
+		put_byte(p, (uint8_t)(v | 0x80));
+	put_byte(p, (uint8_t)v);
+}
+
+/* dtype (field 1) and tensor_shape (field 2), one dim (field 2, its size field 1) each. */
+static void put_head(struct proto *p, unsigned dtype, int ndim, const int64_t *shape)
+{
+	size_t body = 0;
+
+	p->len = 0;
+	put_byte(p, 0x08);
+	put_varint(p, dtype);
+	for (int i = 0; i < ndim; i++)
+		body += 2 + 1 + varint_size((uint64_t)shape[i]);
+	put_byte(p, 0x12);
+	put_varint(p, body);
+	for (int i = 0; i < ndim; i++) {
+		put_byte(p, 0x12);
+		put_varint(p, 1 + varint_size((uint64_t)shape[i]));
+		put_byte(p, 0x08);
+		put_varint(p, (uint64_t)shape[i]);
+	}
+}
+
+/* A length-delimited field: bytes, or a packed repeated one. */
+static void put_field(struct proto *p, unsigned field, const void *data, size_t len)
+{
+	put_byte(p, (uint8_t)(field << 3 | 2));
+	put_varint(p, len);
+	for (size_t i = 0; i < len; i++)
+		put_byte(p, ((const uint8_t *)data)[i]);
+}
+
+enum { DT_FLOAT = 1, DT_INT8 = 6, DT_STRING = 7, DT_BOOL = 10, DT_COMPLEX128 = 18 };
+
+/* The error lines logged meanwhile, one after another. */
+static char logged[4096];
+
+static void log_capture(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	size_t n = strlen(logged);
+
+	(void)arg, (void)level, (void)subsys;
+	snprintf(logged + n, sizeof(logged) - n, "%s\n", msg);
+}
+
+static void capture_start(void)
+{
+	logged[0] = '\0';
+	tfab_log_set_sink(log_capture, NULL);
+}
+
+/*
+ * Inputs of 11 to 77 bytes that claim 1 to 1.5 GB of repeated values (strings empty or
+ * repeating one, bools, floats, complex pairs, zeros): 2 GiB was the bound, and each took
+ * that memory and seconds of CPU. Refused with -EMSGSIZE by the default bound, and through the
+ * engine's decode by TFAB_STRING_MAX_BYTES, whose refusal names the setting, the limit and
+ * the sizes.
+ */
+static void test_amplifying_refused(void **state)
+{
+	static const char text61[] =
+	    "one string of 61 bytes that every element of it repeats......";
+	const int64_t strings_1_5g[1] = {3ll << 25}, strings_1g[2] = {8192, 8192};
+	const int64_t bools_1_5g[1] = {1500000000}, floats_1g[1] = {1ll << 28};
+	const int64_t complex_1_5g[1] = {3ll << 25}, int8_1g[1] = {1ll << 30};
+	const uint8_t yes = 1;
+	const float f = 1.5f;
+	const double pair[2] = {1, -2};
+	struct proto p[6];
+	char want[128];
+
+	(void)state;
+	put_head(&p[0], DT_STRING, 1, strings_1_5g);
+	put_head(&p[1], DT_STRING, 2, strings_1g);
+	put_field(&p[1], 8, text61, sizeof(text61) - 1);
+	put_head(&p[2], DT_BOOL, 1, bools_1_5g);
+	put_byte(&p[2], 0x58); /* bool_val */
+	put_byte(&p[2], yes);
+	put_head(&p[3], DT_FLOAT, 1, floats_1g);
+	put_field(&p[3], 5, &f, sizeof(f));
+	put_head(&p[4], DT_COMPLEX128, 1, complex_1_5g);
+	put_field(&p[4], 12, pair, sizeof(pair));
+	put_head(&p[5], DT_INT8, 1, int8_1g);
+	assert_int_equal(p[1].len, 77);
+	for (int i = 0; i < 6; i++) {
+		struct tfab_string_tensor *s = NULL;
+		DLManagedTensor *t = NULL;
+
+		capture_start();
+		if (tfab_tensorproto_decode(p[i].b, p[i].len, &t, &s) != -EMSGSIZE || t || s)
+			fail_msg("case %d (%zu bytes) was not refused", i, p[i].len);
+		snprintf(want, sizeof(want), "tfab_tensorproto_decode's bound (%llu bytes)",
+			 (unsigned long long)TFAB_TENSORPROTO_DEFAULT_MAX);
+		if (!strstr(logged, want))
+			fail_msg("case %d: no '%s' in: %s", i, want, logged);
+	}
+	/* The engine's decode of a received string tensor: its setting named, and the sizes. */
+	for (int i = 0; i < 2; i++) {
+		struct tfab_string_tensor *s = NULL;
+
+		capture_start();
+		assert_int_equal(tfab__tensorproto_decode_shaped(p[i].b, p[i].len, 256u << 20,
+								 "TFAB_STRING_MAX_BYTES", -1, NULL,
+								 NULL, &s),
+				 -EMSGSIZE);
+		assert_null(s);
+		assert_non_null(strstr(logged, "TFAB_STRING_MAX_BYTES (268435456 bytes)"));
+		snprintf(want, sizeof(want), "a TensorProto of %zu bytes and %llu elements",
+			 p[i].len, i ? 8192ull * 8192 : 3ull << 25);
+		if (!strstr(logged, want))
+			fail_msg("case %d: no '%s' in: %s", i, want, logged);
+	}
+	tfab_log_set_sink(NULL, NULL);
+}
+
+/*
+ * At the bound: a tensor whose decoding takes a little less than max_bytes decodes, whole;
+ * one that would take max_bytes is refused. Its parse counts too: a few hundred empty strings
+ * given one by one take 2 bytes each in the TensorProto, 16 in the message as parsed, and
+ * more while protobuf-c parses them.
+ */
+static void test_bound_edge(void **state)
+{
+	const uint64_t max = 1u << 20, slack = 8192;
+	const int64_t under_s[1] = {(int64_t)((max - slack) / 16)}, over_s[1] = {max / 16};
+	const int64_t under_f[1] = {(int64_t)((max - slack) / 4)}, over_f[1] = {max / 4};
+	const int64_t under_d[1] = {(int64_t)((TFAB_TENSORPROTO_DEFAULT_MAX - slack) / 16)};
+	const int64_t over_d[1] = {TFAB_TENSORPROTO_DEFAULT_MAX / 16}, many[1] = {300};
+	const float f = 2.5f;
+	struct tfab_string_tensor *s = NULL;
+	DLManagedTensor *t = NULL;
+	struct proto p;
+
+	(void)state;
+	/* strings: "ab" repeated */
+	put_head(&p, DT_STRING, 1, under_s);
+	put_field(&p, 8, "ab", 2);
+	assert_int_equal(tfab_tensorproto_decode_max(p.b, p.len, max, NULL, &s), 0);
+	assert_int_equal(tfab_string_tensor_count(s), under_s[0]);
+	for (int64_t i = 0; i < under_s[0]; i++)
+		if (s->strings[i].len != 2 || memcmp(s->strings[i].data, "ab", 2) != 0)
+			fail_msg("string %lld of %lld is not \"ab\"", (long long)i,
+				 (long long)under_s[0]);
+	tfab_string_tensor_free(s);
+	s = NULL;
+	put_head(&p, DT_STRING, 1, over_s);
+	put_field(&p, 8, "ab", 2);
+	assert_int_equal(tfab_tensorproto_decode_max(p.b, p.len, max, NULL, &s), -EMSGSIZE);
+	assert_null(s);
+	/* numbers: 2.5 repeated */
+	put_head(&p, DT_FLOAT, 1, under_f);
+	put_field(&p, 5, &f, sizeof(f));
+	assert_int_equal(tfab_tensorproto_decode_max(p.b, p.len, max, &t, NULL), 0);
+	assert_int_equal(t->dl_tensor.shape[0], under_f[0]);
+	for (int64_t i = 0; i < under_f[0]; i++)
+		if (((const float *)t->dl_tensor.data)[i] != 2.5f)
+			fail_msg("float %lld of %lld is not 2.5", (long long)i,
+				 (long long)under_f[0]);
+	t->deleter(t);
+	t = NULL;
+	put_head(&p, DT_FLOAT, 1, over_f);
+	put_field(&p, 5, &f, sizeof(f));
+	assert_int_equal(tfab_tensorproto_decode_max(p.b, p.len, max, &t, NULL), -EMSGSIZE);
+	assert_null(t);
+	/* the default bound: empty strings (zeroed memory, not written) */
+	put_head(&p, DT_STRING, 1, under_d);
+	assert_int_equal(tfab_tensorproto_decode(p.b, p.len, NULL, &s), 0);
+	assert_int_equal(tfab_string_tensor_count(s), under_d[0]);
+	assert_int_equal(s->strings[0].len + s->strings[under_d[0] - 1].len, 0);
+	tfab_string_tensor_free(s);
+	s = NULL;
+	put_head(&p, DT_STRING, 1, over_d);
+	assert_int_equal(tfab_tensorproto_decode(p.b, p.len, NULL, &s), -EMSGSIZE);
+	assert_null(s);
+	/* the parse: 300 empty strings given, 600 bytes, take 4800 in the message alone */
+	put_head(&p, DT_STRING, 1, many);
+	for (int i = 0; i < many[0]; i++)
+		put_field(&p, 8, NULL, 0);
+	capture_start();
+	assert_int_equal(tfab_tensorproto_decode_max(p.b, p.len, 4096, NULL, &s), -EMSGSIZE);
+	assert_null(s);
+	assert_non_null(strstr(logged, "more than max_bytes (4096 bytes) to parse"));
+	tfab_log_set_sink(NULL, NULL);
+	assert_int_equal(tfab_tensorproto_decode_max(p.b, p.len, 64 << 10, NULL, &s), 0);
+	assert_int_equal(tfab_string_tensor_count(s), 300);
+	tfab_string_tensor_free(s);
+}
+
+/* Exactly 32 dimensions decode, numbers and strings; 33 are refused. */
+static void test_dims_32_33(void **state)
+{
+	int64_t ones[33];
+	const float f = -1.0f;
+	struct tfab_string_tensor *s = NULL;
+	DLManagedTensor *t = NULL;
+	struct proto p;
+
+	(void)state;
+	for (int i = 0; i < 33; i++)
+		ones[i] = 1;
+	ones[31] = 2; /* two elements, the last dimension's */
+	put_head(&p, DT_STRING, 32, ones);
+	put_field(&p, 8, "x", 1);
+	assert_int_equal(tfab_tensorproto_decode(p.b, p.len, &t, &s), 0);
+	assert_non_null(s);
+	assert_int_equal(s->ndim, 32);
+	assert_memory_equal(s->shape, ones, 32 * sizeof(int64_t));
+	assert_int_equal(tfab_string_tensor_count(s), 2);
+	assert_true(s->strings[1].len == 1 && s->strings[1].data[0] == 'x');
+	tfab_string_tensor_free(s);
+	s = NULL;
+	put_head(&p, DT_FLOAT, 32, ones);
+	put_field(&p, 5, &f, sizeof(f));
+	assert_int_equal(tfab_tensorproto_decode(p.b, p.len, &t, &s), 0);
+	assert_non_null(t);
+	assert_int_equal(t->dl_tensor.ndim, 32);
+	assert_memory_equal(t->dl_tensor.shape, ones, 32 * sizeof(int64_t));
+	assert_true(((const float *)t->dl_tensor.data)[1] == -1.0f);
+	t->deleter(t);
+	t = NULL;
+	put_head(&p, DT_STRING, 33, ones);
+	put_field(&p, 8, "x", 1);
+	assert_int_equal(tfab_tensorproto_decode(p.b, p.len, &t, &s), -TFAB_ERR_PROTOCOL);
+	put_head(&p, DT_FLOAT, 33, ones);
+	assert_int_equal(tfab_tensorproto_decode(p.b, p.len, &t, &s), -TFAB_ERR_PROTOCOL);
+	assert_null(t);
+	assert_null(s);
+}
+
 /* The engine's decode of a string tensor refuses a shape other than the meta-data's first. */
 static void test_shape_expected(void **state)
 {
@@ -307,13 +562,18 @@ static void test_shape_expected(void **state)
 	DLManagedTensor *t = NULL;
 
 	(void)state;
-	assert_int_equal(tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1, &one, &t, NULL),
+	assert_int_equal(
+	    tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1u << 20, "bound", 1, &one, &t, NULL),
+	    -TFAB_ERR_PROTOCOL);
+	assert_int_equal(
+	    tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1u << 20, "bound", 0, NULL, &t, NULL),
+	    -TFAB_ERR_PROTOCOL);
+	assert_int_equal(tfab__tensorproto_decode_shaped(bools, sizeof(bools), 1u << 20, "bound", 1,
+							 &one, &t, NULL),
 			 -TFAB_ERR_PROTOCOL);
-	assert_int_equal(tfab__tensorproto_decode_shaped(f3, sizeof(f3), 0, NULL, &t, NULL),
-			 -TFAB_ERR_PROTOCOL);
-	assert_int_equal(tfab__tensorproto_decode_shaped(bools, sizeof(bools), 1, &one, &t, NULL),
-			 -TFAB_ERR_PROTOCOL);
-	assert_int_equal(tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1, &three, &t, NULL), 0);
+	assert_int_equal(
+	    tfab__tensorproto_decode_shaped(f3, sizeof(f3), 1u << 20, "bound", 1, &three, &t, NULL),
+	    0);
 	assert_non_null(t);
 	assert_true(((float *)t->dl_tensor.data)[2] == 1.0f);
 	t->deleter(t);
@@ -409,6 +669,9 @@ int main(void)
 	    cmocka_unit_test(test_round_trip_large),
 	    cmocka_unit_test(test_refusals),
 	    cmocka_unit_test(test_huge_fill_refused),
+	    cmocka_unit_test(test_amplifying_refused),
+	    cmocka_unit_test(test_bound_edge),
+	    cmocka_unit_test(test_dims_32_33),
 	    cmocka_unit_test(test_shape_expected),
 	    cmocka_unit_test(test_no_shape_is_scalar),
 	    cmocka_unit_test(test_unknown_rank_ignored),
