@@ -186,6 +186,31 @@ void tfab_shm_conn_free(struct tfab_shm_conn *c);
 void tfab_shm_conn_release(struct tfab_shm_ep *ep, struct tfab_shm_conn *c);
 
 /* rx.c: the target's side. */
+
+/* What the target made of one writer's entry. */
+struct tfab_shm_taken {
+	unsigned nent;	/* entries it took: the head and its continuation entries */
+	int32_t status; /* 0, or the refusal written back into the entry */
+	bool report;	/* a REMOTE_WRITE event: a whole write landed (its last chunk) */
+	uint32_t imm;	/* the event's immediate */
+	uint64_t len;	/* the event's length: the write's, or a bounced write's total */
+	uint64_t raddr; /* the entry's, as read once */
+	uint64_t rkey;
+	uint64_t claimed; /* the entry's length as the writer put it */
+};
+
+/*
+ * The target's reading of the published entry at i of ring r, whose writer it does not trust:
+ * any bytes in the entry, in the entries after it and in its bounce buffers. The header is
+ * read once; the write is checked against regs (this endpoint's registrations), its bytes
+ * land where the check allows, a refusal goes back into the entry, and the continuation
+ * entries' sequence words are cleared (tfab_shm_ring_take). *failed is the slot's state: a
+ * chunk of the bounced write being taken was refused. Moving the tail is the caller's.
+ */
+void tfab_shm_entry_take(struct tfab_shm_ring *r, uint64_t i, struct tfab_shm_reg *regs,
+			 uint8_t (*bounce)[TFAB_SHM_BOUNCE_SIZE], bool *failed,
+			 struct tfab_shm_taken *t);
+
 int tfab_shm_rx_poll(struct tfab_shm_ep *ep, struct tfab_event *ev, int max);
 /* Whether rx_poll would find nothing and change nothing: every writer's ring empty. */
 bool tfab_shm_rx_quiet(struct tfab_shm_ep *ep);

@@ -34,14 +34,76 @@ static void rx_free_slot(struct tfab_shm_ep *ep, unsigned i)
 	atomic_store_explicit(&s->state, TFAB_SHM_SLOT_FREE, memory_order_release);
 }
 
-/* Checks an entry against this endpoint's own table; where the bytes go, or NULL. */
-static uint8_t *rx_check(struct tfab_shm_ep *ep, const struct tfab_shm_entry *e)
+/* Where [raddr, raddr + len) lies in a region of regs open to remote writes, or NULL. */
+static uint8_t *rx_check(struct tfab_shm_reg *regs, uint64_t rkey, uint64_t raddr, uint64_t len)
 {
 	struct reg_view v;
 
-	if (!reg_read(ep->ctrl->regs, e->rkey, &v) || !reg_allows(&v, e->raddr, e->len))
+	if (!reg_read(regs, rkey, &v) || !reg_allows(&v, raddr, len))
 		return NULL;
-	return (uint8_t *)(uintptr_t)e->raddr;
+	return (uint8_t *)(uintptr_t)raddr;
+}
+
+void tfab_shm_entry_take(struct tfab_shm_ring *r, uint64_t i, struct tfab_shm_reg *regs,
+			 uint8_t (*bounce)[TFAB_SHM_BOUNCE_SIZE], bool *failed,
+			 struct tfab_shm_taken *t)
+{
+	/* Read once: the writer may change the entry while it is checked (ring.h). */
+	const volatile struct tfab_shm_entry *e = tfab_shm_ring_at(r, i);
+	uint8_t kind = e->kind, flags = e->flags;
+	uint64_t len, total = e->total;
+	uint32_t b = e->bounce;
+	uint8_t *dst;
+
+	memset(t, 0, sizeof(*t));
+	t->imm = e->imm;
+	t->raddr = e->raddr;
+	t->rkey = e->rkey;
+	t->claimed = len = e->len;
+	t->nent = 1;
+	t->report = true;
+	if (kind == TFAB_SHM_E_INLINE) {
+		/* The entries it spans follow from its length, at most the longest inline write. */
+		if (len > TFAB_SHM_INLINE_MAX)
+			len = TFAB_SHM_INLINE_MAX;
+		t->nent = tfab_shm_inline_entries(len);
+	}
+	t->len = len;
+	dst = rx_check(regs, t->rkey, t->raddr, t->claimed);
+	if (!dst)
+		t->status = -TFAB_ERR_REMOTE_ACCESS;
+	switch (kind) {
+	case TFAB_SHM_E_INLINE:
+		if (dst && len == t->claimed)
+			tfab_shm_ring_get_inline(r, i, dst, len);
+		else
+			t->status = -TFAB_ERR_REMOTE_ACCESS;
+		break;
+	case TFAB_SHM_E_DIRECT:
+		break;
+	case TFAB_SHM_E_BOUNCE:
+		/* A chunk after a refused one lands nothing: the write has failed. */
+		if (dst && !*failed && len <= TFAB_SHM_BOUNCE_SIZE)
+			memcpy(dst, bounce[b % TFAB_SHM_NBOUNCE], len);
+		else
+			t->status = -TFAB_ERR_REMOTE_ACCESS;
+		if (t->status)
+			*failed = true;
+		if (!(flags & TFAB_SHM_F_LAST)) {
+			t->report = false;
+		} else {
+			if (*failed && !t->status)
+				t->status = -TFAB_ERR_REMOTE_ACCESS;
+			*failed = false;
+			t->len = total;
+		}
+		break;
+	default:
+		t->status = -TFAB_ERR_PROTOCOL;
+	}
+	if (t->status)
+		t->report = false;
+	tfab_shm_ring_take(r, i, t->nent, t->status);
 }
 
 /*
@@ -64,7 +126,6 @@ static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, in
 	struct tfab_shm_rx *rx = &ep->rx[i];
 	uint32_t state = atomic_load_explicit(&s->state, memory_order_acquire);
 	uint64_t tail0 = atomic_load_explicit(&s->ring.tail, memory_order_relaxed), tail = tail0;
-	struct tfab_shm_entry *e;
 	struct tfab_conn *src = NULL;
 	bool src_found = false;
 	int n = 0;
@@ -76,55 +137,15 @@ static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, in
 		rx->pid = s->owner_pid;
 		rx->pidfd = tfab_shm_pidfd(rx->pid);
 	}
-	while (n < max && (e = tfab_shm_ring_peek(&s->ring, tail)) != NULL) {
-		uint64_t len = e->len;
-		unsigned nent = 1;
-		int status = 0;
-		uint8_t *dst;
-		bool report = true;
+	while (n < max && tfab_shm_ring_peek(&s->ring, tail) != NULL) {
+		struct tfab_shm_taken t;
 
-		if (e->kind == TFAB_SHM_E_INLINE) {
-			if (len > TFAB_SHM_INLINE_MAX)
-				len = TFAB_SHM_INLINE_MAX;
-			nent = tfab_shm_inline_entries(len);
-		}
-		dst = rx_check(ep, e);
-		if (!dst)
-			status = -TFAB_ERR_REMOTE_ACCESS;
-		switch (e->kind) {
-		case TFAB_SHM_E_INLINE:
-			if (dst && len == e->len)
-				tfab_shm_ring_get_inline(&s->ring, tail, dst, len);
-			else
-				status = -TFAB_ERR_REMOTE_ACCESS;
-			break;
-		case TFAB_SHM_E_DIRECT:
-			break;
-		case TFAB_SHM_E_BOUNCE:
-			/* A chunk after a refused one lands nothing: the write has failed. */
-			if (dst && !rx->failed && len <= TFAB_SHM_BOUNCE_SIZE)
-				memcpy(dst, s->bounce[e->bounce % TFAB_SHM_NBOUNCE], len);
-			else
-				status = -TFAB_ERR_REMOTE_ACCESS;
-			if (status)
-				rx->failed = true;
-			if (!(e->flags & TFAB_SHM_F_LAST)) {
-				report = false;
-			} else {
-				if (rx->failed && !status)
-					status = -TFAB_ERR_REMOTE_ACCESS;
-				rx->failed = false;
-				len = e->total;
-			}
-			break;
-		default:
-			status = -TFAB_ERR_PROTOCOL;
-		}
-		if (status)
-			TFAB_DEBUG(SUBSYS, "refused a write from %d: %zu bytes at %#llx key %#llx",
-				   (int)rx->pid, (size_t)e->len, (unsigned long long)e->raddr,
-				   (unsigned long long)e->rkey);
-		else if (report) {
+		tfab_shm_entry_take(&s->ring, tail, ep->ctrl->regs, s->bounce, &rx->failed, &t);
+		if (t.status)
+			TFAB_DEBUG(SUBSYS, "refused a write from %d: %llu bytes at %#llx key %#llx",
+				   (int)rx->pid, (unsigned long long)t.claimed,
+				   (unsigned long long)t.raddr, (unsigned long long)t.rkey);
+		else if (t.report) {
 			if (!src_found) {
 				src = rx_src(ep, s);
 				src_found = true;
@@ -132,11 +153,10 @@ static int rx_slot(struct tfab_shm_ep *ep, unsigned i, struct tfab_event *ev, in
 			memset(&ev[n], 0, sizeof(ev[n]));
 			ev[n].type = TFAB_EV_REMOTE_WRITE;
 			ev[n].src = src;
-			ev[n].imm = e->imm;
-			ev[n++].len = len;
+			ev[n].imm = t.imm;
+			ev[n++].len = t.len;
 		}
-		tfab_shm_ring_take(&s->ring, tail, nent, status);
-		tail += nent;
+		tail += t.nent;
 	}
 	if (tail != tail0)
 		tfab_shm_ring_release(&s->ring, tail);

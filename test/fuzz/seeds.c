@@ -1,6 +1,7 @@
 /*
  * Writes the fuzz targets' seed corpora (test/fuzz/corpus/TARGET/) from the library's own
- * encoders, so that they follow the wire when it changes:
+ * encoders (the shm ring's from ring.h's producer), so that they follow the wire when it
+ * changes:
  *   build/test/fuzz/fuzz-seeds test/fuzz/corpus
  */
 #include <errno.h>
@@ -11,6 +12,7 @@
 
 #include "engine/wire.h"
 #include "fuzz.h"
+#include "fuzz_shm_ring.h"
 #include "providers/shm/shm.h"
 #ifdef TFAB_HAVE_VERBS
 #include "providers/verbs/verbs.h"
@@ -198,6 +200,106 @@ static void tensorprotos(void)
 	put("tensorproto", "float-2", buf, len);
 }
 
+/* A writer's ring for the shm_ring target (fuzz_shm_ring.h): entries made by ring.h's producer. */
+static struct tfab_shm_ring seed_ring;
+static uint64_t seed_head;
+
+static struct tfab_shm_entry *seed_entry(uint8_t kind, uint64_t key, uint64_t off, uint64_t len)
+{
+	struct tfab_shm_entry *e = tfab_shm_ring_at(&seed_ring, seed_head);
+
+	memset((void *)e, 0, sizeof(*e));
+	e->kind = kind;
+	e->imm = (uint32_t)(seed_head * 7 + 1);
+	e->raddr = off;
+	e->rkey = key;
+	e->len = len;
+	return e;
+}
+
+static void seed_inline(uint64_t key, uint64_t off, size_t len)
+{
+	uint8_t src[TFAB_SHM_INLINE_MAX];
+
+	for (size_t k = 0; k < len; k++)
+		src[k] = (uint8_t)(k * 5 + 3);
+	seed_entry(TFAB_SHM_E_INLINE, key, off, len);
+	tfab_shm_ring_put_inline(&seed_ring, seed_head, src, len);
+	tfab_shm_ring_publish(&seed_ring, seed_head);
+	seed_head += tfab_shm_inline_entries(len);
+}
+
+static void seed_bounce(uint64_t key, uint64_t off, uint64_t len, unsigned b, bool last,
+			uint64_t total)
+{
+	struct tfab_shm_entry *e = seed_entry(TFAB_SHM_E_BOUNCE, key, off, len);
+
+	e->bounce = b;
+	e->flags = last ? TFAB_SHM_F_LAST : 0;
+	e->total = total;
+	tfab_shm_ring_publish(&seed_ring, seed_head++);
+}
+
+static void seed_other(uint8_t kind, uint64_t key, uint64_t off, uint64_t len)
+{
+	seed_entry(kind, key, off, len);
+	tfab_shm_ring_publish(&seed_ring, seed_head++);
+}
+
+/* The ring from tail to the head (its first entry at the tail), under name. */
+static void seed_put(const char *name, uint64_t tail, bool failed)
+{
+	static uint8_t buf[FUZZ_SHM_HDR + TFAB_SHM_RING_N * TFAB_SHM_ENTRY_SIZE];
+	size_t len = FUZZ_SHM_HDR;
+
+	for (int i = 0; i < 8; i++)
+		buf[i] = (uint8_t)(tail >> (8 * i));
+	buf[8] = failed;
+	for (uint64_t i = tail; i < seed_head; i++, len += TFAB_SHM_ENTRY_SIZE)
+		memcpy(buf + len, (const void *)tfab_shm_ring_at(&seed_ring, i),
+		       TFAB_SHM_ENTRY_SIZE);
+	put("shm_ring", name, buf, len);
+}
+
+static void seed_start(uint64_t tail)
+{
+	memset(&seed_ring, 0, sizeof(seed_ring));
+	seed_head = tail;
+}
+
+static void shm_rings(void)
+{
+	const uint64_t w = FUZZ_SHM_KEY_W, ro = FUZZ_SHM_KEY_RO;
+
+	seed_start(0);
+	seed_inline(w, 64, 8);
+	seed_put("inline-8", 0, false);
+	/* the longest inline write, its continuation entries past the ring's end */
+	seed_start(253);
+	seed_inline(w, 1000, TFAB_SHM_INLINE_MAX);
+	seed_put("inline-1024-wrap", 253, false);
+	/* taken, refused (no remote write; past the region), direct, of no kind */
+	seed_start(7);
+	seed_inline(w, 0, 16);
+	seed_inline(ro, 0, 300);
+	seed_inline(w, FUZZ_SHM_REGION - 4, 8);
+	seed_other(TFAB_SHM_E_DIRECT, w, 4096, FUZZ_SHM_REGION - 4096);
+	seed_other(9, w, 0, 8);
+	seed_put("batch", 7, false);
+	/* a bounced write in three chunks; one whose first chunk is refused */
+	seed_start(100);
+	seed_bounce(w, 0, 16384, 0, false, 49152);
+	seed_bounce(w, 16384, 16384, 1, false, 49152);
+	seed_bounce(w, 32768, 16384, 2, true, 49152);
+	seed_bounce(ro, 0, 4096, 3, false, 8192);
+	seed_bounce(w, 4096, 4096, 0, true, 8192);
+	seed_put("bounce", 100, false);
+	/* the slot's state: a chunk of this write was refused before */
+	seed_start(40);
+	seed_bounce(w, 8192, 512, 1, true, 1024);
+	seed_put("bounce-failed-before", 40, true);
+}
+
 static void settings(void)
 {
 	static const char *const s[][2] = {
@@ -228,5 +330,6 @@ int main(int argc, char **argv)
 	wire_blobs();
 	tensorprotos();
 	settings();
+	shm_rings();
 	return 0;
 }
