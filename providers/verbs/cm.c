@@ -95,9 +95,10 @@ int tfab_verbs_addr_decode(const uint8_t *buf, size_t len, struct tfab_verbs_add
 
 /*
  * A datagram: magic, version, type, MTU, spare, source and destination endpoints, connection
- * id, generation, queue pair, PSN, UD queue pair, LID, GID, longest work request; 68 bytes.
+ * id, generation, queue pair, PSN, UD queue pair, LID, 2 spare bytes, GID, longest work
+ * request; 68 bytes, big-endian.
  */
-static void cm_encode(const struct tfab_verbs_cm *m, uint8_t *buf)
+void tfab_verbs_cm_encode(const struct tfab_verbs_cm *m, uint8_t *buf)
 {
 	memset(buf, 0, TFAB_VERBS_CM_LEN);
 	put32(buf, TFAB_VERBS_MAGIC);
@@ -116,26 +117,30 @@ static void cm_encode(const struct tfab_verbs_cm *m, uint8_t *buf)
 	put32(buf + 64, m->wr_max);
 }
 
-static int cm_decode(const uint8_t *buf, size_t len, struct tfab_verbs_cm *m)
+int tfab_verbs_cm_parse(const uint8_t *buf, size_t len, struct tfab_verbs_cm *m)
 {
-	if (len < TFAB_VERBS_CM_LEN || get32(buf) != TFAB_VERBS_MAGIC ||
-	    buf[4] != TFAB_VERBS_VERSION)
+	const uint8_t *p = buf + TFAB_VERBS_GRH;
+
+	if (len < TFAB_VERBS_GRH + TFAB_VERBS_CM_LEN || get32(p) != TFAB_VERBS_MAGIC)
 		return -EINVAL;
-	m->type = buf[5];
-	m->mtu = buf[6];
-	if (m->mtu < IBV_MTU_256 || m->mtu > IBV_MTU_4096)
+	if (p[4] != TFAB_VERBS_VERSION)
+		return -TFAB_ERR_VERSION;
+	if (p[5] < TFAB_VERBS_CM_REQ || p[5] > TFAB_VERBS_CM_DISC || p[6] < IBV_MTU_256 ||
+	    p[6] > IBV_MTU_4096 || get32(p + 64) == 0)
 		return -EINVAL;
-	m->src_ep = get64(buf + 8);
-	m->dst_ep = get64(buf + 16);
-	m->conn_id = get32(buf + 24);
-	m->gen = get32(buf + 28);
-	m->qpn = get32(buf + 32) & 0xffffff;
-	m->psn = get32(buf + 36) & 0xffffff;
-	m->ud_qpn = get32(buf + 40) & 0xffffff;
-	m->lid = get16(buf + 44);
-	memcpy(m->gid.raw, buf + 48, 16);
-	m->wr_max = get32(buf + 64);
-	return m->wr_max ? 0 : -EINVAL;
+	m->type = p[5];
+	m->mtu = p[6];
+	m->src_ep = get64(p + 8);
+	m->dst_ep = get64(p + 16);
+	m->conn_id = get32(p + 24);
+	m->gen = get32(p + 28);
+	m->qpn = get32(p + 32) & 0xffffff;
+	m->psn = get32(p + 36) & 0xffffff;
+	m->ud_qpn = get32(p + 40) & 0xffffff;
+	m->lid = get16(p + 44);
+	memcpy(m->gid.raw, p + 48, 16);
+	m->wr_max = get32(p + 64);
+	return 0;
 }
 
 static uint32_t new_psn(struct tfab_verbs_ep *ep)
@@ -393,7 +398,7 @@ static int cm_send(struct tfab_verbs_ep *ep, struct ibv_ah *ah, uint32_t ud_qpn,
 		;
 	if (slot == TFAB_VERBS_UD_TX)
 		return -EAGAIN;
-	cm_encode(m, ud_tx_buf(ep, slot));
+	tfab_verbs_cm_encode(m, ud_tx_buf(ep, slot));
 	sge.addr = (uintptr_t)ud_tx_buf(ep, slot);
 	sge.length = TFAB_VERBS_CM_LEN;
 	sge.lkey = ep->ud_mr->lkey;
@@ -708,10 +713,15 @@ void tfab_verbs_cm_on_recv(struct tfab_verbs_ep *ep, unsigned slot, uint32_t len
 {
 	struct tfab_verbs_cm m;
 	struct tfab_verbs_passive *p;
+	/* The device's length, never past the slot it landed in. */
+	int rc = tfab_verbs_cm_parse(ep->ud_buf + slot * UD_RX_SLOT,
+				     len < UD_RX_SLOT ? len : UD_RX_SLOT, &m);
 
-	if (len < TFAB_VERBS_GRH ||
-	    cm_decode(ep->ud_buf + slot * UD_RX_SLOT + TFAB_VERBS_GRH, len - TFAB_VERBS_GRH, &m))
+	if (rc) {
+		TFAB_DEBUG(SUBSYS, "a connection datagram of %u bytes is not one of ours: %s", len,
+			   tfab_strerror(rc));
 		return;
+	}
 	if (m.dst_ep != ep->ep_id)
 		return; /* for an endpoint that was here before */
 	switch (m.type) {

@@ -264,6 +264,18 @@ void tfab_verbs_cm_on_recv(struct tfab_verbs_ep *ep, unsigned slot, uint32_t len
 void tfab_verbs_addr_encode(const struct tfab_verbs_addr *a, uint8_t *buf);
 int tfab_verbs_addr_decode(const uint8_t *buf, size_t len, struct tfab_verbs_addr *a);
 
+/* A connection-setup datagram into buf (TFAB_VERBS_CM_LEN bytes). */
+void tfab_verbs_cm_encode(const struct tfab_verbs_cm *m, uint8_t *buf);
+
+/*
+ * A UD receive as it landed, len bytes at buf (TFAB_VERBS_GRH bytes of routing header, then
+ * the datagram), from anyone who can reach the UD queue pair: the datagram into *m, or
+ * -EINVAL if it is not one of ours (short, another magic, a type or MTU out of range, no
+ * longest work request), -TFAB_ERR_VERSION for another version. Bytes past the datagram, its
+ * spare bytes and the high byte of its 24-bit fields are not read. Reads nothing else.
+ */
+int tfab_verbs_cm_parse(const uint8_t *buf, size_t len, struct tfab_verbs_cm *m);
+
 /* The cached address handle for a port (GID and LID); the endpoint owns it. */
 int tfab_verbs_ah_get(struct tfab_verbs_ep *ep, const union ibv_gid *gid, uint16_t lid,
 		      struct ibv_ah **ah_p);

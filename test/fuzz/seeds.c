@@ -300,6 +300,39 @@ static void shm_rings(void)
 	seed_put("bounce-failed-before", 40, true);
 }
 
+#ifdef TFAB_HAVE_VERBS
+/* Connection datagrams as a UD receive holds them: a routing header, then the datagram. */
+static void verbs_cms(void)
+{
+	static const char *const names[] = {NULL, "req", "rep", "rej", "disc"};
+	struct tfab_verbs_cm m = {.src_ep = 0x1122334455667788ull,
+				  .dst_ep = 0x8877665544332211ull,
+				  .conn_id = 3,
+				  .gen = 2,
+				  .qpn = 0x123,
+				  .psn = 0xabcdef,
+				  .wr_max = 1u << 30,
+				  .mtu = IBV_MTU_1024,
+				  .lid = 0,
+				  .ud_qpn = 0x456};
+	uint8_t buf[TFAB_VERBS_GRH + TFAB_VERBS_CM_LEN];
+
+	m.gid.raw[10] = m.gid.raw[11] = 0xff; /* ::ffff:127.0.0.1, RoCE v2 */
+	m.gid.raw[12] = 127;
+	m.gid.raw[15] = 1;
+	memset(buf, 0, TFAB_VERBS_GRH);
+	for (uint8_t t = TFAB_VERBS_CM_REQ; t <= TFAB_VERBS_CM_DISC; t++) {
+		m.type = t;
+		tfab_verbs_cm_encode(&m, buf + TFAB_VERBS_GRH);
+		put("verbs_cm", names[t], buf, sizeof(buf));
+	}
+	/* refused: a type that is none of them */
+	m.type = TFAB_VERBS_CM_DISC + 1;
+	tfab_verbs_cm_encode(&m, buf + TFAB_VERBS_GRH);
+	put("verbs_cm", "type-5", buf, sizeof(buf));
+}
+#endif
+
 static void settings(void)
 {
 	static const char *const s[][2] = {
@@ -331,5 +364,8 @@ int main(int argc, char **argv)
 	tensorprotos();
 	settings();
 	shm_rings();
+#ifdef TFAB_HAVE_VERBS
+	verbs_cms();
+#endif
 	return 0;
 }
