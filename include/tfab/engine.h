@@ -26,6 +26,16 @@ extern "C" {
 /* Longest key, in bytes, not counting the terminating NUL. */
 #define TFAB_MAX_KEY_LEN 512
 
+/* Room for any name tfab_dtype_name writes, with its NUL. */
+#define TFAB_DTYPE_NAME_MAX 48
+
+/*
+ * A dtype as users write it, into buf (len bytes, TFAB_DTYPE_NAME_MAX always suffices): int8,
+ * uint16, float16, bfloat16, float32, complex64, bool, with lanes as a suffix (float32x4). A
+ * code DLPack does not name reads "DLPack type code 7, 8 bits". Returns buf. Thread-safe.
+ */
+TFAB_EXPORT const char *tfab_dtype_name(DLDataType dtype, char *buf, size_t len);
+
 struct tfab_context;
 struct tfab_peer;
 

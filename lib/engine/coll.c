@@ -1018,6 +1018,42 @@ static int check_world(const struct tfab_world *w, tfab_coll_cb cb)
 }
 
 /*
+ * Whether in and out (inb and onb bytes) make a reduction into parts parts (an allreduce 1, a
+ * reduce-scatter the world's size) with op: its type in *rt_p, or -EINVAL, logged here with
+ * what is wrong.
+ */
+static int reduce_args(const char *what, const DLTensor *in, const DLTensor *out, size_t inb,
+		       size_t onb, size_t parts, enum tfab_op op, enum tfab_rtype *rt_p)
+{
+	char a[TFAB_DTYPE_NAME_MAX], b[TFAB_DTYPE_NAME_MAX];
+
+	if (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
+	    in->dtype.lanes != out->dtype.lanes) {
+		TFAB_ERROR(SUBSYS, "%s: in is %s and out %s: both must be of one dtype", what,
+			   tfab_dtype_name(in->dtype, a, sizeof(a)),
+			   tfab_dtype_name(out->dtype, b, sizeof(b)));
+		return -EINVAL;
+	}
+	if (inb != onb * parts) {
+		TFAB_ERROR(SUBSYS, "%s: in has %zu bytes and out %zu: in must have %s", what, inb,
+			   onb, parts == 1 ? "out's" : "out's times the world's size");
+		return -EINVAL;
+	}
+	if (tfab__rtype_of(in->dtype, rt_p)) {
+		TFAB_ERROR(SUBSYS,
+			   "%s: %s tensors are not reduced (float16, bfloat16, float32, float64, "
+			   "int32 and int64 are)",
+			   what, tfab_dtype_name(in->dtype, a, sizeof(a)));
+		return -EINVAL;
+	}
+	if ((unsigned)op > TFAB_OP_MAX) {
+		TFAB_ERROR(SUBSYS, "%s: no operation %d", what, (int)op);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/*
  * The ring allreduce: per piece p and step s (0 .. N-2), with next = rank + 1 and prev =
  * rank - 1: S[s] sends part rank - s (the input at s = 0, then what R[s-1] reduced); R[s]
  * receives part rank - s - 1 and reduces it into out (it, then this rank's); after N-1 steps
@@ -1277,23 +1313,26 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 	rc = check_world(w, cb);
 	if (rc == 0)
 		rc = in_out_bytes(in, out, &ib, &inb, &ob, &onb);
-	if (rc == 0 && (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
-			in->dtype.lanes != out->dtype.lanes || inb != onb))
-		rc = -EINVAL;
-	if (rc == 0)
-		rc = tfab__rtype_of(in->dtype, &rt);
-	if (rc == 0 && ((unsigned)op > TFAB_OP_MAX || (unsigned)o.algo > TFAB_ALGO_RING ||
-			(unsigned)o.compress > TFAB_COMPRESS_INT8))
-		rc = -EINVAL;
-	if (rc == 0 && o.compress &&
-	    (rt != TFAB_RT_F32 || (op != TFAB_OP_SUM && op != TFAB_OP_AVG) ||
-	     o.algo == TFAB_ALGO_DIRECT))
-		rc = -EINVAL;
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "allreduce: a bad argument (tensors of one supported dtype "
-				   "and size on the CPU or a GPU, a known operation and algorithm; "
-				   "compression of fp32 sums and averages on the ring only)");
+		TFAB_ERROR(SUBSYS, "allreduce: a bad argument (a world, a callback, and CPU or GPU "
+				   "tensors of row-major layout)");
 		return rc;
+	}
+	rc = reduce_args("allreduce", in, out, inb, onb, 1, op, &rt);
+	if (rc)
+		return rc;
+	if ((unsigned)o.algo > TFAB_ALGO_RING || (unsigned)o.compress > TFAB_COMPRESS_INT8 ||
+	    (o.compress && (rt != TFAB_RT_F32 || (op != TFAB_OP_SUM && op != TFAB_OP_AVG) ||
+			    o.algo == TFAB_ALGO_DIRECT))) {
+		char a[TFAB_DTYPE_NAME_MAX];
+
+		TFAB_ERROR(SUBSYS,
+			   "allreduce: algorithm %d with compression %d does not apply to %s with "
+			   "operation %d (compression takes float32 sums and averages, on the "
+			   "ring)",
+			   (int)o.algo, (int)o.compress, tfab_dtype_name(in->dtype, a, sizeof(a)),
+			   (int)op);
+		return -EINVAL;
 	}
 	esize = tfab__rtype_size(rt);
 	count = inb / esize;
@@ -1547,19 +1586,14 @@ static int reduce_scatter_host(struct tfab_world *w, const DLTensor *in, DLTenso
 
 	if (rc == 0)
 		rc = in_out_bytes(in, out, &ib, &inb, &ob, &onb);
-	if (rc == 0 && (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
-			in->dtype.lanes != out->dtype.lanes || inb != onb * (size_t)w->size))
-		rc = -EINVAL;
-	if (rc == 0)
-		rc = tfab__rtype_of(in->dtype, &rt);
-	if (rc == 0 && (unsigned)op > TFAB_OP_MAX)
-		rc = -EINVAL;
 	if (rc) {
-		TFAB_ERROR(SUBSYS,
-			   "reduce_scatter: a bad argument (tensors of one supported dtype "
-			   "on the CPU or a GPU, in of size times out's bytes, a known operation)");
+		TFAB_ERROR(SUBSYS, "reduce_scatter: a bad argument (a world, a callback, and CPU "
+				   "or GPU tensors of row-major layout)");
 		return rc;
 	}
+	rc = reduce_args("reduce_scatter", in, out, inb, onb, (size_t)w->size, op, &rt);
+	if (rc)
+		return rc;
 	N = w->size;
 	r = w->rank;
 	k = (uint32_t)N - 1;

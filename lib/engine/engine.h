@@ -742,6 +742,8 @@ int tfab__check_key(const char *key, size_t *len_p);
 int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
 			     void **data_p);
 uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p);
+/* The dtype of meta in words (tfab_dtype_name; "string" for a string tensor's). Returns buf. */
+const char *tfab__meta_dtype_name(const struct tfab_wire_meta *meta, char *buf, size_t len);
 /*
  * A tensor in CUDA device memory. check (engine lock held) opens the copier at the first one,
  * and returns -EOPNOTSUPP (logged) when the context cannot copy it.

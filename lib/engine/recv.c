@@ -275,10 +275,10 @@ static int dest_fits(struct tfab_request *r, const struct tfab_wire_meta *um)
 	if (um->dtype_code != m->dtype_code || um->dtype_bits != m->dtype_bits ||
 	    um->dtype_lanes != m->dtype_lanes) {
 		TFAB_ERROR(SUBSYS,
-			   "receive of '%s' step %lld: the destination's dtype (%u,%u,%u) is not "
-			   "the tensor's (%u,%u,%u)",
-			   r->key, (long long)r->step, um->dtype_code, um->dtype_bits,
-			   um->dtype_lanes, m->dtype_code, m->dtype_bits, m->dtype_lanes);
+			   "receive of '%s' step %lld: the destination is %s, the tensor sent is "
+			   "%s",
+			   r->key, (long long)r->step, tfab__meta_dtype_name(um, a, sizeof(a)),
+			   tfab__meta_dtype_name(m, b, sizeof(b)));
 		return -EINVAL;
 	}
 	if (!(r->flags & TFAB_RECV_ANY_SHAPE) &&

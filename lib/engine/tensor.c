@@ -1,5 +1,6 @@
 /* DLPack tensors: validation, meta-data, and the library-allocated DLManagedTensor. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,6 +194,64 @@ DLManagedTensor *tfab__view_new(const struct tfab_wire_meta *meta, const DLTenso
 	v->dl.manager_ctx = v;
 	v->dl.deleter = view_delete;
 	return &v->dl;
+}
+
+/* DLPack 0.8's kDLBool, newer than the header Debian ships. */
+#define DL_BOOL 6
+
+const char *tfab_dtype_name(DLDataType dtype, char *buf, size_t len)
+{
+	const char *kind;
+	int n;
+
+	if (!buf || !len)
+		return buf;
+	switch (dtype.code) {
+	case kDLInt:
+		kind = "int";
+		break;
+	case kDLUInt:
+		kind = "uint";
+		break;
+	case kDLFloat:
+		kind = "float";
+		break;
+	case kDLBfloat:
+		kind = "bfloat";
+		break;
+	case kDLComplex:
+		kind = "complex";
+		break;
+	case kDLOpaqueHandle:
+		kind = "handle";
+		break;
+	case DL_BOOL:
+		kind = "bool";
+		break;
+	default:
+		kind = NULL;
+	}
+	if (!kind)
+		n = snprintf(buf, len, "DLPack type code %u, %u bits", (unsigned)dtype.code,
+			     (unsigned)dtype.bits);
+	else if (dtype.code == DL_BOOL && dtype.bits == 8)
+		n = snprintf(buf, len, "bool");
+	else
+		n = snprintf(buf, len, "%s%u", kind, (unsigned)dtype.bits);
+	if (dtype.lanes != 1 && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, "%sx%u", kind ? "" : " ", (unsigned)dtype.lanes);
+	return buf;
+}
+
+const char *tfab__meta_dtype_name(const struct tfab_wire_meta *meta, char *buf, size_t len)
+{
+	DLDataType dt = {meta->dtype_code, meta->dtype_bits, meta->dtype_lanes};
+
+	if (meta->dtype_code == TFAB_WIRE_DTYPE_STRING) {
+		snprintf(buf, len, "string");
+		return buf;
+	}
+	return tfab_dtype_name(dt, buf, len);
 }
 
 int tfab__check_key(const char *key, size_t *len_p)

@@ -68,14 +68,16 @@ static const struct dtype_map dtypes[] = {
 
 static int tf_of_dl(DLDataType dt, Tensorflow__DataType *tf_p)
 {
+	char name[TFAB_DTYPE_NAME_MAX];
+
 	if (dt.lanes == 1)
 		for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++)
 			if (dtypes[i].code == dt.code && dtypes[i].bits == dt.bits) {
 				*tf_p = dtypes[i].tf;
 				return 0;
 			}
-	TFAB_ERROR(SUBSYS, "DLPack dtype (code %u, %u bits, %u lanes) has no TensorFlow DataType",
-		   dt.code, dt.bits, dt.lanes);
+	TFAB_ERROR(SUBSYS, "dtype %s has no TensorFlow DataType",
+		   tfab_dtype_name(dt, name, sizeof(name)));
 	return -EOPNOTSUPP;
 }
 

@@ -451,6 +451,16 @@ static bool same_dtype(const DLTensor *a, const DLTensor *b)
 	       a->dtype.lanes == b->dtype.lanes;
 }
 
+/* A TypeError: out's dtype is not in's. */
+static void dtype_differs(const char *what, const DLTensor *in, const DLTensor *out)
+{
+	char a[TFAB_DTYPE_NAME_MAX], b[TFAB_DTYPE_NAME_MAX];
+
+	PyErr_Format(PyExc_TypeError, "tfab: %s's out= is %s, its input %s: both of one dtype",
+		     what, tfab_dtype_name(out->dtype, b, sizeof(b)),
+		     tfab_dtype_name(in->dtype, a, sizeof(a)));
+}
+
 /* The dtypes the library reduces: float16/32/64, bfloat16, int32, int64. */
 static bool reducible(DLDataType d)
 {
@@ -467,12 +477,14 @@ static bool reducible(DLDataType d)
 
 static int check_reducible(const char *what, const DLTensor *t)
 {
+	char name[TFAB_DTYPE_NAME_MAX];
+
 	if (reducible(t->dtype))
 		return 0;
 	PyErr_Format(PyExc_TypeError,
 		     "tfab: %s reduces float16, bfloat16, float32, float64, int32 and int64 "
-		     "tensors (DLPack type code %u, %u bits)",
-		     what, (unsigned)t->dtype.code, (unsigned)t->dtype.bits);
+		     "tensors, not %s",
+		     what, tfab_dtype_name(t->dtype, name, sizeof(name)));
 	return -1;
 }
 
@@ -521,7 +533,7 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 	if (check_reducible("allreduce", &in->dl_tensor) < 0)
 		goto err;
 	if (out && !same_dtype(&in->dl_tensor, &out->dl_tensor)) {
-		PyErr_SetString(PyExc_TypeError, "tfab: allreduce's out= has another dtype");
+		dtype_differs("allreduce", &in->dl_tensor, &out->dl_tensor);
 		goto err;
 	}
 	if (out && nbytes_of(&in->dl_tensor) != nbytes_of(&out->dl_tensor)) {
@@ -627,7 +639,7 @@ static PyObject *gather_scatter(struct tfabpy_world *self, PyObject *inobj, PyOb
 	if (reduce && check_reducible(what, &in->dl_tensor) < 0)
 		goto err;
 	if (!same_dtype(&in->dl_tensor, &out->dl_tensor)) {
-		PyErr_Format(PyExc_TypeError, "tfab: %s's out has another dtype", what);
+		dtype_differs(what, &in->dl_tensor, &out->dl_tensor);
 		goto err;
 	}
 	inb = nbytes_of(&in->dl_tensor);

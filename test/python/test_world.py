@@ -199,6 +199,19 @@ def test_world_of_one_lifetimes_and_refusals():
         tfab.World(tfabtest.context(), rank=1, size=2, timeout=1)  # no TFAB_MASTER_ADDR
 
 
+def test_dtype_refusals_name_the_dtypes():
+    """A collective refused for its dtype names the dtypes as users write them."""
+    with tfabtest.context() as ctx, tfab.World(ctx, rank=0, size=1) as w:
+        with pytest.raises(TypeError, match="not int8$"):
+            w.allreduce(np.zeros(4, np.int8))
+        with pytest.raises(TypeError, match="not bool$"):
+            w.allreduce(np.zeros(4, np.bool_))
+        with pytest.raises(TypeError, match="out= is float64, its input float32"):
+            w.allreduce(np.zeros(4, np.float32), out=np.zeros(4, np.float64))
+        with pytest.raises(TypeError, match="out= is int32, its input int64"):
+            w.reduce_scatter(np.zeros(4, np.int64), np.zeros(4, np.int32))
+
+
 def test_gpu_tensors_through_host_proxies():
     """A CUDA tensor in a collective goes through host proxies: here a world of one, with
     host memory claiming to be a GPU's (TFAB_CUDA_EMULATE): the input is read and the result

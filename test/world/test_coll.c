@@ -766,6 +766,27 @@ static int wait_from_callback(struct tfab_world *w)
 	return 0;
 }
 
+/* The last error the library logged on this thread (every rank is a thread here). */
+static _Thread_local char last_error[512];
+
+static void keep_error(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	(void)arg;
+	if (level == TFAB_LOG_ERROR)
+		snprintf(last_error, sizeof(last_error), "%s", msg);
+	fprintf(stderr, "tfab %s [%s]: %s\n", tfab_log_level_name(level), subsys, msg);
+}
+
+/* A refusal's message names the dtypes as users write them: has, or else bad. */
+static int refusal_says(struct tfab_world *w, const char *what, int rc, const char *has)
+{
+	if (rc == -EINVAL && strstr(last_error, has))
+		return 0;
+	printf("rank %d: %s: %s, and the log said \"%s\", not \"%s\"\n", tfab_world_rank(w), what,
+	       tfab_strerror(rc), last_error, has);
+	return 1;
+}
+
 static int refused(struct tfab_world *w)
 {
 	const struct dtype *d = &DTYPES[0];
@@ -800,6 +821,18 @@ static int refused(struct tfab_world *w)
 			       tfab_strerror(cases[i].rc));
 			bad = 1;
 		}
+	}
+	tfab_log_set_sink(keep_error, NULL);
+	{
+		int32_t i32[4] = {0};
+		DLTensor ti = tensor_of(&DTYPES[4], i32, &four);
+
+		rc = tfab_allreduce(w, &tu, &tu, TFAB_OP_SUM, NULL, must_not_call, NULL);
+		bad |= refusal_says(w, "allreduce of uint8", rc,
+				    "allreduce: uint8 tensors are not reduced");
+		rc = tfab_allreduce(w, &ta, &ti, TFAB_OP_SUM, NULL, must_not_call, NULL);
+		bad |= refusal_says(w, "allreduce of float32 into int32", rc,
+				    "allreduce: in is float32 and out int32");
 	}
 	bad |= wait_from_callback(w);
 	/* Rank 0 alone in a barrier: leaving the world must wait for it. */
