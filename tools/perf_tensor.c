@@ -622,10 +622,10 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		s.sent = s.received = 0;
 		s.deadline = tfab__now_ms() + (uint64_t)o->timeout_ms;
 		if (p->client) {
-			if (tfab_send(s.ctx, "done", -1, &s.ctl.t, false, on_sent, &s.ctl) ||
+			if (tfab_send(s.ctx, "done", 0, &s.ctl.t, false, on_sent, &s.ctl) ||
 			    !wait_count(&s, &s.sent, 1))
 				rc = s.err ? s.err : -EIO;
-		} else if (tfab_recv(s.ctx, s.peer, "done", -1, NULL, on_recv, &s.ctl) ||
+		} else if (tfab_recv(s.ctx, s.peer, "done", 0, NULL, on_recv, &s.ctl) ||
 			   !wait_count(&s, &s.received, 1)) {
 			rc = s.err ? s.err : -EIO;
 		}

@@ -113,6 +113,13 @@ TFAB_EXPORT int tfab_peer_status(struct tfab_peer *peer);
 TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
 
 /*
+ * Keys and steps, in every send and receive below: a key is 1 to TFAB_MAX_KEY_LEN bytes, and a
+ * step id is 0 or more. A negative step id is refused with -EINVAL and the message "step -1 is
+ * negative: steps are >= 0": the world's collectives number their own steps from INT64_MIN up
+ * (doc/world.md), so that they never meet the application's.
+ */
+
+/*
  * Producer. Offers tensor t under (key, step_id); returns at once. The first receive of that
  * key and step, from any peer, takes it. t->data stays the caller's and must stay valid and
  * unchanged until cb reports that a receive took the tensor (status 0: the reader has it
@@ -211,7 +218,10 @@ TFAB_EXPORT int tfab_recv_into_sync(struct tfab_context *ctx, struct tfab_peer *
 				    unsigned flags, int timeout_ms, DLManagedTensor **tensor_p,
 				    bool *is_dead_p);
 
-/* Fails every pending send and receive of step_id with -TFAB_ERR_ABORTED and forgets them. */
+/*
+ * Fails every pending send and receive of step_id with -TFAB_ERR_ABORTED and forgets them. A
+ * negative step_id is -EINVAL (those are the collectives').
+ */
 TFAB_EXPORT int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id);
 
 /*

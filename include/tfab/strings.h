@@ -45,9 +45,10 @@ TFAB_EXPORT int64_t tfab_string_tensor_count(const struct tfab_string_tensor *t)
 TFAB_EXPORT void tfab_string_tensor_free(struct tfab_string_tensor *t);
 
 /*
- * Producer: like tfab_send, but the strings are serialized before it returns, so t and its
- * bytes may be reused at once. cb reports when the reader has the tensor, or the failure. A
- * serialized tensor is at most 2 GiB - 1 bytes (TensorFlow's limit): beyond, -EMSGSIZE.
+ * Producer: like tfab_send (keys and steps as there: a negative step is -EINVAL), but the
+ * strings are serialized before it returns, so t and its bytes may be reused at once. cb
+ * reports when the reader has the tensor, or the failure. A serialized tensor is at most
+ * 2 GiB - 1 bytes (TensorFlow's limit): beyond, -EMSGSIZE.
  */
 TFAB_EXPORT int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,
 				  const struct tfab_string_tensor *t, bool is_dead, tfab_send_cb cb,

@@ -536,7 +536,7 @@ static void requests_cleanup(struct tfab_context *ctx, bool all, int64_t step, i
 
 int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id)
 {
-	if (!ctx)
+	if (!ctx || tfab__check_step("step cleanup", NULL, step_id))
 		return -EINVAL;
 	tfab__ctx_lock(ctx);
 	requests_cleanup(ctx, false, step_id, -TFAB_ERR_ABORTED);

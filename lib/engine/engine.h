@@ -737,6 +737,12 @@ void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
 int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t nbytes);
 
 /* tensor.c */
+/*
+ * A step of the application's: 0 or more, else -EINVAL, logged naming what (the call) and key
+ * (or none). The world's collectives number theirs from INT64_MIN up (doc/world.md): they go
+ * through the internal entry points, which take any step.
+ */
+int tfab__check_step(const char *what, const char *key, int64_t step);
 /* A key's length: 1..512 bytes, else -EINVAL or -ENAMETOOLONG. */
 int tfab__check_key(const char *key, size_t *len_p);
 int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,

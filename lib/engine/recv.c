@@ -1098,6 +1098,8 @@ int tfab_recv(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 
 	if (!cb)
 		return -EINVAL;
+	if (tfab__check_step("receive", key, step_id))
+		return -EINVAL;
 	return tfab__recv_post(ctx, peer, key, step_id, &a);
 }
 
@@ -1107,6 +1109,8 @@ int tfab_recv_into(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 	struct tfab_recv_args a = {.dest = dest, .flags = flags, .cb = cb, .arg = arg};
 
 	if (!cb || !dest)
+		return -EINVAL;
+	if (tfab__check_step("receive", key, step_id))
 		return -EINVAL;
 	return tfab__recv_post(ctx, peer, key, step_id, &a);
 }
@@ -1177,6 +1181,8 @@ int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char 
 {
 	struct tfab_recv_args a = {.dest = dest};
 
+	if (tfab__check_step("receive", key, step_id))
+		return -EINVAL;
 	return tfab__recv_wait(ctx, peer, key, step_id, &a, timeout_ms, tensor_p, NULL, is_dead_p);
 }
 
@@ -1187,6 +1193,8 @@ int tfab_recv_into_sync(struct tfab_context *ctx, struct tfab_peer *peer, const 
 	struct tfab_recv_args a = {.dest = dest, .flags = flags};
 
 	if (!dest)
+		return -EINVAL;
+	if (tfab__check_step("receive", key, step_id))
 		return -EINVAL;
 	return tfab__recv_wait(ctx, peer, key, step_id, &a, timeout_ms, tensor_p, NULL, is_dead_p);
 }

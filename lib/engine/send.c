@@ -1023,13 +1023,17 @@ static int send_dltensor(struct tfab_context *ctx, struct tfab_peer *to, const c
 int tfab_send(struct tfab_context *ctx, const char *key, int64_t step_id, const DLTensor *t,
 	      bool is_dead, tfab_send_cb cb, void *arg)
 {
-	return send_dltensor(ctx, NULL, key, step_id, t, is_dead, 0, cb, arg);
+	int rc = tfab__check_step("send", key, step_id);
+
+	return rc ? rc : send_dltensor(ctx, NULL, key, step_id, t, is_dead, 0, cb, arg);
 }
 
 int tfab_send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step_id,
 		 const DLTensor *t, bool is_dead, tfab_send_cb cb, void *arg)
 {
-	return tfab__send_to(ctx, peer, key, step_id, t, is_dead, 0, cb, arg);
+	int rc = tfab__check_step("send", key, step_id);
+
+	return rc ? rc : tfab__send_to(ctx, peer, key, step_id, t, is_dead, 0, cb, arg);
 }
 
 int tfab__send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,

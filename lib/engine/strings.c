@@ -112,14 +112,16 @@ static int send_strings(struct tfab_context *ctx, struct tfab_peer *to, const ch
 int tfab_send_strings(struct tfab_context *ctx, const char *key, int64_t step_id,
 		      const struct tfab_string_tensor *t, bool is_dead, tfab_send_cb cb, void *arg)
 {
-	return send_strings(ctx, NULL, key, step_id, t, is_dead, cb, arg);
+	int rc = tfab__check_step("send", key, step_id);
+
+	return rc ? rc : send_strings(ctx, NULL, key, step_id, t, is_dead, cb, arg);
 }
 
 int tfab_send_strings_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			 int64_t step_id, const struct tfab_string_tensor *t, bool is_dead,
 			 tfab_send_cb cb, void *arg)
 {
-	if (!peer)
+	if (!peer || tfab__check_step("send", key, step_id))
 		return -EINVAL;
 	return send_strings(ctx, peer, key, step_id, t, is_dead, cb, arg);
 }
@@ -187,7 +189,7 @@ int tfab_recv_strings(struct tfab_context *ctx, struct tfab_peer *peer, const ch
 {
 	if (!HAVE_PROTOBUF)
 		return tfab_tensorproto_decode(NULL, 0, NULL, NULL);
-	if (!cb)
+	if (!cb || tfab__check_step("receive", key, step_id))
 		return -EINVAL;
 	struct tfab_recv_args a = {.strings = true, .scb = cb, .arg = arg};
 
@@ -200,6 +202,8 @@ int tfab_recv_strings_sync(struct tfab_context *ctx, struct tfab_peer *peer, con
 {
 	if (!HAVE_PROTOBUF)
 		return tfab_tensorproto_decode(NULL, 0, NULL, NULL);
+	if (tfab__check_step("receive", key, step_id))
+		return -EINVAL;
 	struct tfab_recv_args a = {.strings = true};
 
 	return tfab__recv_wait(ctx, peer, key, step_id, &a, timeout_ms, NULL, tensor_p, is_dead_p);

@@ -254,6 +254,20 @@ const char *tfab__meta_dtype_name(const struct tfab_wire_meta *meta, char *buf, 
 	return tfab_dtype_name(dt, buf, len);
 }
 
+int tfab__check_step(const char *what, const char *key, int64_t step)
+{
+	if (step >= 0)
+		return 0;
+	if (key)
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS,
+			   "%s of '%.200s': step %lld is negative: steps are >= 0", what, key,
+			   (long long)step);
+	else
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS, "%s: step %lld is negative: steps are >= 0", what,
+			   (long long)step);
+	return -EINVAL;
+}
+
 int tfab__check_key(const char *key, size_t *len_p)
 {
 	size_t len;

@@ -3524,6 +3524,61 @@ static int sc_dest_shape(struct mp *mp)
 	return 0;
 }
 
+static void on_strings(void *arg, int status, struct tfab_string_tensor *t, bool is_dead)
+{
+	(void)arg;
+	(void)status;
+	(void)is_dead;
+	tfab_string_tensor_free(t);
+}
+
+/*
+ * Negative steps are the world's collectives' (doc/world.md): every public entry point that
+ * takes a step refuses one with -EINVAL and says so, once a call, naming the call and key; a
+ * call that fails never calls back.
+ */
+static int negative_steps(struct mp *mp, struct tensor *t, struct done *d)
+{
+	struct tfab_peer *peer = mp->peers[1 - mp->rank];
+	static const struct tfab_string one = {"s", 1};
+	int64_t shape[1] = {1};
+	struct tfab_string_tensor st = {1, shape, &one};
+	DLManagedTensor *m = NULL;
+	struct tfab_string_tensor *sm = NULL;
+	int rc[11], n = 0;
+
+	logged.n = 0;
+	tfab_log_set_sink(capture, NULL);
+	rc[n++] = tfab_send(mp->ctx, "neg", -1, &t->dl, false, on_sent, d);
+	rc[n++] = tfab_send_to(mp->ctx, peer, "neg", -1, &t->dl, false, on_sent, d);
+	rc[n++] = tfab_recv(mp->ctx, peer, "neg", -1, NULL, on_recv, d);
+	rc[n++] = tfab_recv_into(mp->ctx, peer, "neg", -1, &t->dl, 0, on_recv, d);
+	rc[n++] = tfab_recv_sync(mp->ctx, peer, "neg", -1, NULL, 10, &m, NULL);
+	rc[n++] = tfab_recv_into_sync(mp->ctx, peer, "neg", -1, &t->dl, 0, 10, &m, NULL);
+	rc[n++] = tfab_send_strings(mp->ctx, "neg", -1, &st, false, on_sent, d);
+	rc[n++] = tfab_send_strings_to(mp->ctx, peer, "neg", -1, &st, false, on_sent, d);
+	rc[n++] = tfab_recv_strings(mp->ctx, peer, "neg", -1, on_strings, NULL);
+	rc[n++] = tfab_recv_strings_sync(mp->ctx, peer, "neg", -1, 10, &sm, NULL);
+	rc[n++] = tfab_step_cleanup(mp->ctx, INT64_MIN);
+	tfab_log_set_sink(NULL, NULL);
+	for (int i = 0; i < n; i++) {
+		if (rc[i] != -EINVAL)
+			fprintf(stderr, "rank %d: call %d of a negative step: %s\n", mp->rank, i,
+				tfab_strerror(rc[i]));
+		CHECK(rc[i] == -EINVAL);
+	}
+	CHECK(m == NULL && sm == NULL && d->n == 0);
+	CHECK(lines_with(TFAB_LOG_ERROR, "send of 'neg': step -1 is negative: steps are >= 0", NULL,
+			 NULL) == 4);
+	CHECK(lines_with(TFAB_LOG_ERROR, "receive of 'neg': step -1 is negative: steps are >= 0",
+			 NULL, NULL) == 6);
+	CHECK(lines_with(TFAB_LOG_ERROR,
+			 "step cleanup: step -9223372036854775808 is negative: steps are >= 0",
+			 NULL, NULL) == 1);
+	CHECK(logged.n == n);
+	return 0;
+}
+
 /* Bad input at the API: clear errors, nothing else disturbed. */
 static int sc_bad_input(struct mp *mp)
 {
@@ -3546,6 +3601,7 @@ static int sc_bad_input(struct mp *mp)
 	t.dl.device.device_type = kDLCUDA;
 	CHECK_RC(tfab_send(mp->ctx, "gpu", 1, &t.dl, false, on_sent, &d), -EOPNOTSUPP);
 	t.dl.device.device_type = kDLCPU;
+	CHECK(negative_steps(mp, &t, &d) == 0);
 	CHECK(d.n == 0); /* a call that fails never calls back */
 	if (mp->rank == 0) {
 		struct done r = {0};

@@ -156,6 +156,23 @@ def test_not_a_tensor():
             ctx.send("x", 1, np.zeros((4, 4))[:, ::2])
 
 
+def test_negative_steps_are_refused(pair):
+    """Negative steps are the collectives': each call that takes a step refuses one, and the
+    error says so."""
+    a, b, pa, pb = pair
+    calls = [lambda: a.send("neg", -1, np.zeros(2)),
+             lambda: b.recv(pb, "neg", -1, timeout=1),
+             lambda: b.recv_async(pb, "neg", -2),
+             lambda: b.step_cleanup(-3)]
+    for call, step in zip(calls, [-1, -1, -2, -3]):
+        with pytest.raises(tfab.Error) as e:
+            call()
+        assert e.value.name == "EINVAL", str(e.value)
+        assert "step %d is negative: steps are >= 0" % step in str(e.value), str(e.value)
+    a.send("neg", 0, np.ones(2))
+    assert np.from_dlpack(b.recv(pb, "neg", 0, timeout=10)).tolist() == [1.0, 1.0]
+
+
 def test_gil_released_while_waiting(pair):
     a, b, pa, pb = pair
     ticks = []
