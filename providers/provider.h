@@ -179,6 +179,13 @@ struct tfab_provider_ops {
 
 	/* The endpoint's address blob; *len_p in: capacity, out: length. */
 	int (*get_addr)(struct tfab_ep *ep, void *buf, size_t *len_p);
+	/*
+	 * Optional: a peer's address (len bytes, as connect takes it) in words, for messages
+	 * ("fi_sockaddr_in://127.0.0.1:4000", "pid 812"); an empty string where it
+	 * cannot say. NULL: messages name such a peer by its path alone.
+	 */
+	void (*addr_str)(struct tfab_ep *ep, const void *addr, size_t len, char *buf,
+			 size_t buflen);
 	int (*connect)(struct tfab_ep *ep, const void *addr, size_t len, struct tfab_conn **peer_p);
 	int (*disconnect)(struct tfab_conn *peer);
 	/*
@@ -250,6 +257,16 @@ static inline const struct tfab_caps *tfab_ep_caps(const struct tfab_ep *ep)
 static inline int tfab_ep_get_addr(struct tfab_ep *ep, void *buf, size_t *len_p)
 {
 	return ep->ops->get_addr(ep, buf, len_p);
+}
+
+/* A peer's address in words into buf (see addr_str): empty where the backend cannot say. */
+static inline void tfab_ep_addr_str(struct tfab_ep *ep, const void *addr, size_t len, char *buf,
+				    size_t buflen)
+{
+	if (buflen)
+		buf[0] = '\0';
+	if (ep->ops->addr_str && buflen)
+		ep->ops->addr_str(ep, addr, len, buf, buflen);
 }
 
 static inline int tfab_ep_connect(struct tfab_ep *ep, const void *addr, size_t len,

@@ -126,10 +126,21 @@ static inline bool tfab__leave_clock_hopeful(struct tfab_leave_clock *c, uint64_
 	return now_ms < c->quiet;
 }
 
+/* Room for a peer's address in words, and for its name in messages (tfab__peer_name). */
+#define TFAB_PEER_ADDR_LEN 96
+#define TFAB_PEER_NAME_LEN (TFAB_PEER_ADDR_LEN + TFAB_WIRE_MAX_PATH_NAME + 32)
+
 struct tfab_peer {
 	struct tfab_context *ctx;
-	struct tfab_list link;	/* ctx->peers */
-	uint32_t id;		/* ours: the peer writes it into its immediates to us */
+	struct tfab_list link; /* ctx->peers */
+	uint32_t id;	       /* ours: the peer writes it into its immediates to us */
+	/*
+	 * Its address in words: host:port of its bootstrap connection, else the backend's
+	 * (addr_str of providers.md), else empty; and its name in messages, "peer 3 at
+	 * 127.0.0.1:4000 over ofi:tcp" (tfab__peer_name).
+	 */
+	char addr[TFAB_PEER_ADDR_LEN];
+	char name[TFAB_PEER_NAME_LEN];
 	uint32_t remote_id;	/* the peer's id for us */
 	struct tfab_path *path; /* the path it is on, once connected */
 	struct tfab_conn *conn;
@@ -523,6 +534,30 @@ int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
  */
 void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *hooks, void *arg);
 void tfab__peer_fail(struct tfab_peer *peer, int status);
+/*
+ * The same, saying why in the warning (NULL: nothing more to say): "its bootstrap connection
+ * closed", "no heartbeat for 1500 ms". The warning names the peer and the operations that fail
+ * with it.
+ */
+void tfab__peer_fail_why(struct tfab_peer *peer, int status, const char *why);
+/* The peer in messages: "peer 3 at 127.0.0.1:4000 over ofi:tcp" (its id, address and path). */
+static inline const char *tfab__peer_name(const struct tfab_peer *peer)
+{
+	return peer->name;
+}
+/*
+ * Operations named in a message: the first few as "'key' step N", separated by commas, then
+ * how many more (tfab__op_names_add, tfab__op_names_end).
+ */
+struct tfab_op_names {
+	char buf[320];
+	size_t len;
+	unsigned n;
+	char out[320 + 32];
+};
+void tfab__op_names_add(struct tfab_op_names *o, const char *key, int64_t step);
+/* " ('a' step 1, 'b' step 2 and 3 more)", or "" for none. */
+const char *tfab__op_names_end(struct tfab_op_names *o);
 /* Our LEAVE to the peer, the last thing we write to it (queued behind what waits for credit). */
 void tfab__peer_send_leave(struct tfab_peer *peer);
 /*
@@ -703,8 +738,12 @@ unsigned tfab__sends_abandon(struct tfab_context *ctx);
 void tfab__sends_stage(struct tfab_context *ctx);
 /* The sends answering peer, and those for it alone, fail (those it took end delivered). */
 void tfab__sends_fail_peer(struct tfab_context *ctx, struct tfab_peer *peer, int status);
-/* Sends that fail with the peer: those answering it (not those it took), and those for it. */
-unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer);
+/*
+ * Sends that fail with the peer: those answering it (not those it took), and those for it;
+ * named into names where it is not NULL.
+ */
+unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer,
+			   struct tfab_op_names *names);
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);

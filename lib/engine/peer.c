@@ -4,6 +4,7 @@
  * peer's death (fabric errors, or its bootstrap connection closing).
  */
 #include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,53 @@ static int register_peer_id(struct tfab_context *ctx, struct tfab_peer *peer)
 	peer->id = ctx->next_peer_id++;
 	ctx->peer_by_id[peer->id] = peer;
 	return 0;
+}
+
+/* The peer's name in messages, from its id, address and path (as far as they are known). */
+static void peer_label(struct tfab_peer *peer)
+{
+	snprintf(peer->name, sizeof(peer->name), "peer %u%s%s%s%s", peer->id,
+		 peer->addr[0] ? " at " : "", peer->addr, peer->path ? " over " : "",
+		 peer->path ? peer->path->name : "");
+}
+
+/* Its address: host:port of the bootstrap connection fd, which names it as users know it. */
+static void peer_addr_of_sock(struct tfab_peer *peer, int fd)
+{
+	char host[NI_MAXHOST], port[NI_MAXSERV];
+	struct sockaddr_storage sa;
+	socklen_t salen = sizeof(sa);
+
+	if (getpeername(fd, (struct sockaddr *)&sa, &salen) != 0 ||
+	    getnameinfo((struct sockaddr *)&sa, salen, host, sizeof(host), port, sizeof(port),
+			NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+		return;
+	snprintf(peer->addr, sizeof(peer->addr), sa.ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s",
+		 host, port);
+	peer_label(peer);
+}
+
+void tfab__op_names_add(struct tfab_op_names *o, const char *key, int64_t step)
+{
+	int n;
+
+	if (o->n++ >= 4 || o->len >= sizeof(o->buf))
+		return;
+	n = snprintf(o->buf + o->len, sizeof(o->buf) - o->len, "%s'%.64s' step %lld",
+		     o->len ? ", " : "", key, (long long)step);
+	if (n > 0)
+		o->len += (size_t)n;
+}
+
+const char *tfab__op_names_end(struct tfab_op_names *o)
+{
+	if (!o->n)
+		return "";
+	if (o->n > 4)
+		snprintf(o->out, sizeof(o->out), " (%s and %u more)", o->buf, o->n - 4);
+	else
+		snprintf(o->out, sizeof(o->out), " (%s)", o->buf);
+	return o->out;
 }
 
 /*
@@ -271,6 +319,7 @@ static int peer_new(struct tfab_context *ctx, struct tfab_peer **peer_p)
 	rc = register_peer_id(ctx, peer);
 	if (rc)
 		goto err;
+	peer_label(peer);
 	tfab__list_add_tail(&ctx->peers, &peer->link);
 	*peer_p = peer;
 	return 0;
@@ -363,6 +412,8 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 		return rc;
 	peer_bind(peer, (unsigned)i);
 	peer->conn->owner = peer;
+	tfab_ep_addr_str(peer->path->ep, w->addr, w->addr_len, peer->addr, sizeof(peer->addr));
+	peer_label(peer);
 	peer->endpoint_hash = tfab__hash_bytes(w->addr, w->addr_len, (uint64_t)i + 1);
 	peer->remote_raddr = w->ring_raddr;
 	peer->remote_rkey = w->ring_rkey;
@@ -370,8 +421,8 @@ static int peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 	peer->remote_slot_size = b.slot_size;
 	peer->remote_id = b.peer_id;
 	peer->connected = true;
-	TFAB_DEBUG(SUBSYS, "peer %u: connected on %s (%s; its inbox: %u slots; its id for us: %u)",
-		   peer->id, peer->path->name, peer->path->caps->fabric, b.ring_slots, b.peer_id);
+	TFAB_DEBUG(SUBSYS, "%s: connected (%s; its inbox: %u slots; its id for us: %u)",
+		   tfab__peer_name(peer), peer->path->caps->fabric, b.ring_slots, b.peer_id);
 	tfab__peers_flush(ctx, false);
 	return 0;
 }
@@ -489,8 +540,8 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 	peer_leave(peer);
 	tfab__peer_fail(peer, -TFAB_ERR_ABORTED);
 	if (!peer_drain(peer))
-		TFAB_WARN(SUBSYS, "peer %u: writes still in flight after 2 s; freeing anyway",
-			  peer->id);
+		TFAB_WARN(SUBSYS, "%s: writes still in flight after 2 s; freeing anyway",
+			  tfab__peer_name(peer));
 	tfab__peer_free(peer);
 	tfab__ctx_unlock(ctx);
 	return 0;
@@ -552,9 +603,11 @@ static int bootstrap(struct tfab_context *ctx, int fd, bool acceptor, int timeou
 		return rc;
 	}
 	peer->sock = fd;
+	peer_addr_of_sock(peer, fd);
 	rc = tfab__heartbeat_add(ctx->heartbeat, fd);
 	if (rc)
-		TFAB_WARN(SUBSYS, "peer %u: no heartbeats to it: %s", peer->id, tfab_strerror(rc));
+		TFAB_WARN(SUBSYS, "%s: no heartbeats to it: %s", tfab__peer_name(peer),
+			  tfab_strerror(rc));
 	TFAB_DEBUG(SUBSYS, "peer %u: bootstrap done", peer->id);
 	tfab__ctx_unlock(ctx);
 	*peer_p = peer;
@@ -1127,7 +1180,7 @@ static void on_leave(struct tfab_peer *peer)
 	peer->cancelled_lost = false;
 	held_dests_release(peer);
 	cancelling_release(peer, true, false);
-	tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
+	tfab__peer_fail_why(peer, -TFAB_ERR_PEER_FAILED, "it left");
 }
 
 void tfab__peer_refuse(struct tfab_peer *peer, const char *what)
@@ -1135,7 +1188,7 @@ void tfab__peer_refuse(struct tfab_peer *peer, const char *what)
 	peer->ctx->stats.refused++;
 	if (peer->failed)
 		return;
-	TFAB_ERROR(SUBSYS, "peer %u: refused: %s", peer->id, what);
+	TFAB_ERROR(SUBSYS, "%s: refused: %s", tfab__peer_name(peer), what);
 	tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 }
 
@@ -1364,15 +1417,27 @@ int tfab__peer_write_status(struct tfab_peer *peer, int status)
 
 void tfab__peer_write_failed(struct tfab_peer *peer, int status)
 {
-	if (!peer->failed)
-		TFAB_DEBUG(SUBSYS, "peer %u: a write failed: %s%s", peer->id, tfab_strerror(status),
-			   bootstrap_closed(peer) ? " (it has left)" : "");
-	tfab__peer_fail(peer, tfab__peer_write_status(peer, status));
+	char why[128];
+
+	if (peer->failed)
+		return;
+	/* the backend's word that the peer is gone says nothing the warning does not */
+	snprintf(why, sizeof(why), "a write to it failed%s%s%s",
+		 status == -TFAB_ERR_PEER_FAILED ? "" : ": ",
+		 status == -TFAB_ERR_PEER_FAILED ? "" : tfab_strerror(status),
+		 bootstrap_closed(peer) ? "; its bootstrap connection closed" : "");
+	tfab__peer_fail_why(peer, tfab__peer_write_status(peer, status), why);
 }
 
 void tfab__peer_fail(struct tfab_peer *peer, int status)
 {
+	tfab__peer_fail_why(peer, status, NULL);
+}
+
+void tfab__peer_fail_why(struct tfab_peer *peer, int status, const char *why)
+{
 	struct tfab_context *ctx = peer->ctx;
+	struct tfab_op_names rnames = {.len = 0}, snames = {.len = 0};
 	struct tfab_list *l, *t;
 	unsigned recvs = 0, sends;
 
@@ -1393,16 +1458,29 @@ void tfab__peer_fail(struct tfab_peer *peer, int status)
 	 */
 	tfab_list_for_each_safe(l, t, &peer->requests)
 	{
+		struct tfab_request *r = tfab_container_of(l, struct tfab_request, link);
+
 		/* requests posted ahead that no receive owns yet are the library's own */
-		recvs += !tfab_container_of(l, struct tfab_request, link)->standing;
+		if (r->standing)
+			continue;
+		recvs++;
+		tfab__op_names_add(&rnames, r->key, r->step);
 	}
-	sends = tfab__sends_bound(ctx, peer);
+	sends = tfab__sends_bound(ctx, peer, &snames);
 	if (status != -TFAB_ERR_ABORTED && (recvs || sends))
-		TFAB_WARN(SUBSYS, "peer %u failed: %s; %u receives and %u sends with it fail",
-			  peer->id, tfab_strerror(peer->failed), recvs, sends);
+		TFAB_WARN(SUBSYS, "%s failed: %s%s%s%s; %u receives%s and %u sends%s with it fail",
+			  tfab__peer_name(peer), tfab_strerror(peer->failed), why ? " (" : "",
+			  why ? why : "", why ? ")" : "", recvs, tfab__op_names_end(&rnames), sends,
+			  tfab__op_names_end(&snames));
+	else if (status == -TFAB_ERR_TIMEOUT)
+		/* a silent peer is trouble with nothing pending too: it may be a stopped host */
+		TFAB_WARN(SUBSYS, "%s failed: %s%s%s%s; nothing was pending with it",
+			  tfab__peer_name(peer), tfab_strerror(peer->failed), why ? " (" : "",
+			  why ? why : "", why ? ")" : "");
 	else
-		TFAB_INFO(SUBSYS, "peer %u is gone: %s; nothing was pending with it", peer->id,
-			  tfab_strerror(peer->failed));
+		TFAB_INFO(SUBSYS, "%s is gone: %s%s%s%s; nothing was pending with it",
+			  tfab__peer_name(peer), tfab_strerror(peer->failed), why ? " (" : "",
+			  why ? why : "", why ? ")" : "");
 	tfab_list_for_each_safe(l, t, &peer->requests)
 	{
 		tfab__request_fail(tfab_container_of(l, struct tfab_request, link), peer->failed,
@@ -1449,19 +1527,20 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 		if (peer->sock < 0 || peer->failed)
 			continue;
 		if (bootstrap_closed(peer)) {
-			if (now >= peer->closed_at_ms + CLOSE_GRACE_MS) {
-				TFAB_DEBUG(SUBSYS, "peer %u: its bootstrap connection closed",
-					   peer->id);
-				tfab__peer_fail(peer, -TFAB_ERR_PEER_FAILED);
-			}
+			if (now >= peer->closed_at_ms + CLOSE_GRACE_MS)
+				tfab__peer_fail_why(peer, -TFAB_ERR_PEER_FAILED,
+						    "its bootstrap connection closed: its process "
+						    "ended, or it left");
 			continue;
 		}
 		if (silence && peer->heard_ms && now > peer->heard_ms + silence) {
-			TFAB_WARN(SUBSYS,
-				  "peer %u: no heartbeat for %llu ms (TFAB_OP_TIMEOUT_MS): it has "
-				  "stopped, or the link to it is cut",
-				  peer->id, (unsigned long long)(now - peer->heard_ms));
-			tfab__peer_fail(peer, -TFAB_ERR_TIMEOUT);
+			char why[160];
+
+			snprintf(why, sizeof(why),
+				 "no heartbeat for %llu ms: it has stopped, or the link to it is "
+				 "cut",
+				 (unsigned long long)(now - peer->heard_ms));
+			tfab__peer_fail_why(peer, -TFAB_ERR_TIMEOUT, why);
 		}
 	}
 	tfab_list_for_each_safe(l, t, &ctx->peers)

@@ -113,10 +113,9 @@ static int pool_dest(struct tfab_request *r, uint64_t n)
 
 	if (n > ctx->inflight_limit - peer->inflight) {
 		TFAB_ERROR(SUBSYS,
-			   "receive of '%s' step %lld from peer %u: a %llu-byte destination would "
-			   "put %llu bytes in flight to the peer, past TFAB_PEER_MAX_INFLIGHT "
-			   "(%llu)",
-			   r->key, (long long)r->step, peer->id, (unsigned long long)n,
+			   "receive of '%s' step %lld from %s: a %llu-byte destination would put "
+			   "%llu bytes in flight to the peer, past TFAB_PEER_MAX_INFLIGHT (%llu)",
+			   r->key, (long long)r->step, tfab__peer_name(peer), (unsigned long long)n,
 			   (unsigned long long)(peer->inflight + n),
 			   (unsigned long long)ctx->inflight_limit);
 		return -EMSGSIZE;
@@ -445,7 +444,8 @@ static void request_take(struct tfab_request *r, uint64_t nbytes)
 	rc = tfab__peer_taken(r->peer, r->index, r->lazy_taken);
 	queued = rc == 0;
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "receive of '%s': no memory for its verdict", r->key);
+		TFAB_ERROR(SUBSYS, "receive of '%s' step %lld from %s: no memory for its verdict",
+			   r->key, (long long)r->step, tfab__peer_name(r->peer));
 	} else if (r->strings) {
 		rc = tfab__strings_complete(r, r->dest, nbytes);
 	} else if (!r->is_dead) {
@@ -587,7 +587,10 @@ void tfab__recv_on_content(struct tfab_context *ctx, uint32_t index, uint64_t le
 		r->meta.nbytes = n;
 	}
 	if (len && len != r->meta.nbytes) {
-		TFAB_ERROR(SUBSYS, "receive of '%s': %llu bytes landed, %llu expected", r->key,
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld from %s: %llu bytes landed, %llu "
+			   "expected",
+			   r->key, (long long)r->step, tfab__peer_name(r->peer),
 			   (unsigned long long)len, (unsigned long long)r->meta.nbytes);
 		tfab__request_fail(r, -TFAB_ERR_PROTOCOL, true);
 		return;
@@ -639,9 +642,10 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 		return;
 	}
 	if (m->type == TFAB_MSG_ERROR) {
-		TFAB_WARN(SUBSYS, "receive of '%s' step %lld: the sender failed it: %s (%.*s)",
-			  r->key, (long long)r->step, tfab_strerror(m->status), (int)m->errmsg_len,
-			  m->errmsg ? m->errmsg : "");
+		TFAB_WARN(SUBSYS,
+			  "receive of '%s' step %lld from %s: the sender failed it: %s (%.*s)",
+			  r->key, (long long)r->step, tfab__peer_name(peer),
+			  tfab_strerror(m->status), (int)m->errmsg_len, m->errmsg ? m->errmsg : "");
 		tfab__request_fail(r, m->status, false);
 		return;
 	}
@@ -660,8 +664,11 @@ void tfab__recv_on_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m)
 	r->since_ms = tfab__coarse_ms(); /* an answer: the peer is working on it */
 	/* META_DATA: the sender's tensor differs from what we asked for, or needs no content. */
 	if ((m->meta.dtype_code == TFAB_WIRE_DTYPE_STRING) != r->strings) {
-		TFAB_ERROR(SUBSYS, "receive of '%s' step %lld: the sender has a %s tensor: use %s",
-			   r->key, (long long)r->step, r->strings ? "DLPack" : "string",
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld from %s: the sender has a %s tensor: "
+			   "use %s",
+			   r->key, (long long)r->step, tfab__peer_name(peer),
+			   r->strings ? "DLPack" : "string",
 			   r->strings ? "tfab_recv" : "tfab_recv_strings");
 		/* Our cancel leaves the send to a receive of the right kind. */
 		tfab__request_fail(r, -EPROTOTYPE, true);
@@ -950,10 +957,10 @@ void tfab__recv_deadlines(struct tfab_peer *peer, uint64_t now_ms)
 		    now_ms - r->since_ms < limit)
 			continue;
 		TFAB_WARN(SUBSYS,
-			  "receive of '%s' step %lld from peer %u: nothing from the peer for %llu "
-			  "ms (waiting for the tensor: its content, or meta-data); failed "
+			  "receive of '%s' step %lld from %s: nothing from the peer for %llu ms "
+			  "(waiting for the tensor: its content, or meta-data); failed "
 			  "(TFAB_OP_TIMEOUT_MS)",
-			  r->key, (long long)r->step, peer->id,
+			  r->key, (long long)r->step, tfab__peer_name(peer),
 			  (unsigned long long)(now_ms - r->since_ms));
 		tfab__request_fail(r, -TFAB_ERR_TIMEOUT, true);
 		if (peer->failed)

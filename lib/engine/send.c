@@ -570,8 +570,8 @@ void tfab__send_on_request(struct tfab_peer *peer, const struct tfab_wire_msg *m
 		return;
 	}
 	if (answer_find(peer, m->req_index)) {
-		TFAB_ERROR(SUBSYS, "peer %u: request %#x is already being answered", peer->id,
-			   m->req_index);
+		TFAB_ERROR(SUBSYS, "%s: request %#x is already being answered",
+			   tfab__peer_name(peer), m->req_index);
 		tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 		return;
 	}
@@ -628,8 +628,8 @@ void tfab__send_on_taken(struct tfab_peer *peer, uint32_t req_index)
 	struct tfab_response *q = answer_find(peer, req_index);
 
 	if (q && !q->send) {
-		TFAB_ERROR(SUBSYS, "peer %u: TAKEN for request %#x, which was never answered",
-			   peer->id, req_index);
+		TFAB_ERROR(SUBSYS, "%s: TAKEN for request %#x, which was never answered",
+			   tfab__peer_name(peer), req_index);
 		tfab__peer_fail(peer, -TFAB_ERR_PROTOCOL);
 		return;
 	}
@@ -701,17 +701,17 @@ void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms)
 			continue;
 		if (verdict)
 			TFAB_WARN(SUBSYS,
-				  "send of '%s' step %lld to peer %u: no verdict from the peer for "
-				  "%llu ms (waiting for its receive to take what it has); failed "
+				  "send of '%s' step %lld to %s: no verdict from the peer for %llu "
+				  "ms (waiting for its receive to take what it has); failed "
 				  "(TFAB_OP_TIMEOUT_MS)",
-				  s->key, (long long)s->step, s->resp.peer->id,
+				  s->key, (long long)s->step, tfab__peer_name(s->resp.peer),
 				  (unsigned long long)(now_ms - since));
 		else
 			TFAB_WARN(SUBSYS,
-				  "send of '%s' step %lld to peer %u: no request from the peer for "
-				  "%llu ms (its receive gave up, or never came); failed "
+				  "send of '%s' step %lld to %s: no request from the peer for %llu "
+				  "ms (its receive gave up, or never came); failed "
 				  "(TFAB_OP_TIMEOUT_MS)",
-				  s->key, (long long)s->step, s->to->id,
+				  s->key, (long long)s->step, tfab__peer_name(s->to),
 				  (unsigned long long)(now_ms - since));
 		send_finish(ctx, s, -TFAB_ERR_TIMEOUT);
 	}
@@ -823,7 +823,8 @@ static bool bound_to(struct tfab_send *s, void *arg)
 	       s->to == peer;
 }
 
-unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer)
+unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer,
+			   struct tfab_op_names *names)
 {
 	unsigned n = 0;
 
@@ -831,7 +832,11 @@ unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer)
 		for (struct tfab_hnode *h = ctx->sends.buckets[i]; h; h = h->next) {
 			struct tfab_send *s = tfab_container_of(h, struct tfab_send, node);
 
-			n += bound_to(s, peer) && !s->taken; /* a taken one is delivered */
+			if (!bound_to(s, peer) || s->taken) /* a taken one is delivered */
+				continue;
+			n++;
+			if (names)
+				tfab__op_names_add(names, s->key, s->step);
 		}
 	return n;
 }

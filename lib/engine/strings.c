@@ -139,16 +139,21 @@ int tfab__strings_landed(struct tfab_request *r, uint64_t *nbytes_p)
 	uint64_t len;
 
 	if (r->dest_cap < TFAB_WIRE_STRING_LEN + 1) {
-		TFAB_ERROR(SUBSYS, "receive of '%s': a string tensor's content into %llu bytes",
-			   r->key, (unsigned long long)r->dest_cap);
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld from %s: a string tensor's content into %llu "
+			   "bytes",
+			   r->key, (long long)r->step, tfab__peer_name(r->peer),
+			   (unsigned long long)r->dest_cap);
 		return -TFAB_ERR_PROTOCOL;
 	}
 	len = tfab__wire_string_len_get(r->dest);
 	if (len == 0 || len > r->dest_cap - TFAB_WIRE_STRING_LEN) {
-		TFAB_ERROR(SUBSYS,
-			   "receive of '%s': a TensorProto of %llu bytes claimed, room for %llu",
-			   r->key, (unsigned long long)len,
-			   (unsigned long long)(r->dest_cap - TFAB_WIRE_STRING_LEN));
+		TFAB_ERROR(
+		    SUBSYS,
+		    "receive of '%s' step %lld from %s: a TensorProto of %llu bytes claimed, "
+		    "room for %llu",
+		    r->key, (long long)r->step, tfab__peer_name(r->peer), (unsigned long long)len,
+		    (unsigned long long)(r->dest_cap - TFAB_WIRE_STRING_LEN));
 		return -TFAB_ERR_PROTOCOL;
 	}
 	*nbytes_p = len + TFAB_WIRE_STRING_LEN;
@@ -175,8 +180,9 @@ int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t
 	    (const uint8_t *)content + TFAB_WIRE_STRING_LEN, nbytes, r->ctx->cfg.string_max_bytes,
 	    "TFAB_STRING_MAX_BYTES", r->meta.ndim, r->meta.shape, NULL, &t);
 	if (rc) {
-		TFAB_ERROR(SUBSYS, "receive of '%s': its TensorProto is refused: %s", r->key,
-			   tfab_strerror(rc));
+		TFAB_ERROR(SUBSYS,
+			   "receive of '%s' step %lld from %s: its TensorProto is refused: %s",
+			   r->key, (long long)r->step, tfab__peer_name(r->peer), tfab_strerror(rc));
 		return rc;
 	}
 	r->ctx->stats.bytes_copied += nbytes;

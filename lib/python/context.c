@@ -422,7 +422,14 @@ struct op {
 	PyObject *callback;
 	DLManagedTensor *tensor; /* a send's source, a receive's out= */
 	PyObject *out;
+	char what[128]; /* its failure's words: "recv of 'k' step 3" */
 };
+
+/* What an operation is, for its exception: "send of 'k' step 3". */
+static void op_what(char *buf, size_t len, const char *call, const char *key, long long step)
+{
+	snprintf(buf, len, "%s of '%.64s' step %lld", call, key, step);
+}
 
 static struct op *op_new(struct tfabpy_context *c, PyObject *callback, DLManagedTensor *tensor,
 			 PyObject *out)
@@ -488,7 +495,7 @@ static void on_sent(void *arg, int status)
 		op->tensor->deleter(op->tensor);
 	op->tensor = NULL;
 	if (tfabpy_is_future(op->callback))
-		op_settle(op, status, Py_None, "send");
+		op_settle(op, status, Py_None, op->what);
 	else
 		op_call(op, Py_BuildValue("(i)", status));
 	op_free(op);
@@ -526,6 +533,7 @@ static PyObject *context_send(struct tfabpy_context *c, PyObject *args)
 		m->deleter(m);
 		return NULL;
 	}
+	op_what(op->what, sizeof(op->what), "send", key, step);
 	ENTER(c);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
@@ -609,6 +617,7 @@ static PyObject *context_send_strings(struct tfabpy_context *c, PyObject *args)
 	op = op_new(c, callback, NULL, NULL);
 	if (!op)
 		goto out;
+	op_what(op->what, sizeof(op->what), "send_strings", key, step);
 	/* Serialized before the call returns: the bytes objects are not needed after. */
 	ENTER(c);
 	{
@@ -694,12 +703,12 @@ static int timeout_arg(PyObject *obj, int *ms_p)
 	return tfabpy_timeout_ms(obj, INT_MAX / 2, ms_p);
 }
 
-static const char *recv_what(int rc, bool has_out)
+static const char *recv_what(int rc, bool has_out, const char *what)
 {
 	if (has_out && (rc == -EINVAL || rc == -EMSGSIZE))
 		return "recv into out=: its dtype or shape (or size) does not match the tensor "
 		       "sent";
-	return "recv";
+	return what;
 }
 
 static PyObject *context_recv(struct tfabpy_context *c, PyObject *args)
@@ -711,6 +720,7 @@ static PyObject *context_recv(struct tfabpy_context *c, PyObject *args)
 	struct tfab_peer *peer;
 	DLManagedTensor *dest = NULL, *t = NULL;
 	bool is_dead = false;
+	char what[128];
 
 	if (!PyArg_ParseTuple(args, "OOLOpO:recv", &peerobj, &keyobj, &step, &out, &any_shape,
 			      &timeout))
@@ -737,7 +747,8 @@ static PyObject *context_recv(struct tfabpy_context *c, PyObject *args)
 	if (rc) {
 		if (dest)
 			dest->deleter(dest);
-		return tfabpy_raise(rc, recv_what(rc, dest != NULL));
+		op_what(what, sizeof(what), "recv", key, step);
+		return tfabpy_raise(rc, recv_what(rc, dest != NULL, what));
 	}
 	tensor = received(c, t, out);
 	if (dest)
@@ -770,7 +781,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 			  is_dead   ? Py_None
 			  : op->out ? op->out
 				    : tensor,
-			  op->out ? recv_what(-EINVAL, true) : "recv");
+			  recv_what(status, op->out != NULL, op->what));
 		Py_DECREF(tensor);
 	} else {
 		op_call(op, Py_BuildValue("(iNO)", status, tensor, is_dead ? Py_True : Py_False));
@@ -803,6 +814,7 @@ static PyObject *context_recv_async(struct tfabpy_context *c, PyObject *args)
 			dest->deleter(dest);
 		return NULL;
 	}
+	op_what(op->what, sizeof(op->what), "recv", key, step);
 	ENTER(c);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
@@ -816,8 +828,11 @@ static PyObject *context_recv_async(struct tfabpy_context *c, PyObject *args)
 	}
 	LEAVE(c);
 	if (rc) {
+		char what[sizeof(op->what)];
+
+		snprintf(what, sizeof(what), "%s", op->what);
 		op_free(op);
-		return tfabpy_raise(rc, recv_what(rc, dest != NULL));
+		return tfabpy_raise(rc, recv_what(rc, dest != NULL, what));
 	}
 	Py_RETURN_NONE;
 }
@@ -868,6 +883,7 @@ static PyObject *context_recv_strings(struct tfabpy_context *c, PyObject *args)
 	struct tfab_peer *peer;
 	struct tfab_string_tensor *t = NULL;
 	bool is_dead = false;
+	char what[128];
 
 	if (!PyArg_ParseTuple(args, "OOLO:recv_strings", &peerobj, &keyobj, &step, &timeout))
 		return NULL;
@@ -882,8 +898,10 @@ static PyObject *context_recv_strings(struct tfabpy_context *c, PyObject *args)
 		PyEval_RestoreThread(ts);
 	}
 	LEAVE(c);
-	if (rc)
-		return tfabpy_raise(rc, "recv_strings");
+	if (rc) {
+		op_what(what, sizeof(what), "recv_strings", key, step);
+		return tfabpy_raise(rc, what);
+	}
 	res = strings_result(t);
 	if (!res)
 		return NULL;

@@ -13,13 +13,15 @@
 static PyObject *from_status; /* tfab.errors._from_status */
 
 /*
- * The last error the library logged, from any thread (a receive's failure is often found by
- * the progress thread): a call's exception quotes it when it was logged during the call.
+ * The last error and the last warning the library logged, from any thread (a receive's failure
+ * is often found by the progress thread): a call's exception quotes the error when one was
+ * logged during the call, else the warning (a timeout, a peer's failure: they name the key,
+ * step, peer address and path).
  */
 static pthread_mutex_t last_lock = PTHREAD_MUTEX_INITIALIZER;
-static char last_error[512];
-static unsigned long last_gen;
-static _Thread_local unsigned long call_gen;
+static char last_error[512], last_warn[512];
+static unsigned long last_gen, warn_gen;
+static _Thread_local unsigned long call_gen, call_warn_gen;
 
 static void log_sink(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
 {
@@ -28,6 +30,11 @@ static void log_sink(void *arg, enum tfab_log_level level, const char *subsys, c
 		pthread_mutex_lock(&last_lock);
 		snprintf(last_error, sizeof(last_error), "%s", msg);
 		last_gen++;
+		pthread_mutex_unlock(&last_lock);
+	} else if (level == TFAB_LOG_WARN) {
+		pthread_mutex_lock(&last_lock);
+		snprintf(last_warn, sizeof(last_warn), "%s", msg);
+		warn_gen++;
 		pthread_mutex_unlock(&last_lock);
 	}
 	/* The default sink's format: the library's messages look the same from Python. */
@@ -43,6 +50,7 @@ void tfabpy_clear_last_error(void)
 {
 	pthread_mutex_lock(&last_lock);
 	call_gen = last_gen;
+	call_warn_gen = warn_gen;
 	pthread_mutex_unlock(&last_lock);
 }
 
@@ -55,6 +63,8 @@ PyObject *tfabpy_raise(int status, const char *what)
 	pthread_mutex_lock(&last_lock);
 	if (last_gen != call_gen)
 		snprintf(logged, sizeof(logged), "%s", last_error);
+	else if (warn_gen != call_warn_gen)
+		snprintf(logged, sizeof(logged), "%s", last_warn);
 	pthread_mutex_unlock(&last_lock);
 	exc = PyObject_CallFunction(from_status, "iss", status, what ? what : "", logged);
 	if (!exc)

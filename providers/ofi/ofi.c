@@ -693,6 +693,20 @@ static int tfab_ofi_get_addr(struct tfab_ep *base, void *buf, size_t *len_p)
 	return 0;
 }
 
+/* libfabric's own words for an address: "fi_sockaddr_in://127.0.0.1:4000", "fi_shm://812". */
+static void tfab_ofi_addr_str(struct tfab_ep *base, const void *addr, size_t len, char *buf,
+			      size_t buflen)
+{
+	struct tfab_ofi_ep *ep = ofi_ep(base);
+	size_t n = buflen;
+
+	(void)len;
+	if (!fi_av_straddr(ep->av, addr, buf, &n))
+		buf[0] = '\0';
+	else if (n > buflen)
+		buf[buflen - 1] = '\0'; /* cut: libfabric says how much it wanted */
+}
+
 /* Removes the retired addresses (see keep_addrs), to make room in a full AV. */
 static void purge_retired(struct tfab_ofi_ep *ep)
 {
@@ -1076,6 +1090,7 @@ const struct tfab_provider_ops tfab_ofi_ops = {
     .expose = tfab_ofi_expose,
     .caps = tfab_ofi_caps,
     .get_addr = tfab_ofi_get_addr,
+    .addr_str = tfab_ofi_addr_str,
     .connect = tfab_ofi_connect,
     .disconnect = tfab_ofi_disconnect,
     .cut = tfab_ofi_cut,

@@ -234,6 +234,17 @@ static int tfab_shm_get_addr(struct tfab_ep *base, void *buf, size_t *len_p)
 	return 0;
 }
 
+/* A peer of this host: its process, as users know it. */
+static void tfab_shm_addr_str(struct tfab_ep *base, const void *addr, size_t len, char *buf,
+			      size_t buflen)
+{
+	struct tfab_shm_addr a;
+
+	(void)base;
+	if (tfab_shm_addr_decode(addr, len, &a) == 0)
+		snprintf(buf, buflen, "pid %d", (int)a.pid);
+}
+
 int tfab_shm_addr_decode(const void *addr, size_t len, struct tfab_shm_addr *a)
 {
 	if (len != sizeof(*a))
@@ -573,6 +584,7 @@ const struct tfab_provider_ops tfab_shm_ops = {
     .close = tfab_shm_close,
     .caps = tfab_shm_caps,
     .get_addr = tfab_shm_get_addr,
+    .addr_str = tfab_shm_addr_str,
     .connect = tfab_shm_connect,
     .disconnect = tfab_shm_disconnect,
     .mr_reg = tfab_shm_mr_reg,

@@ -132,6 +132,41 @@ static void on_recv_drop(void *arg, int status, DLManagedTensor *t, bool is_dead
 	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
 }
 
+/* Log lines captured by a sink: level and text, the first LOG_LINES of them. */
+enum { LOG_LINES = 4096 };
+static struct {
+	pthread_mutex_t lock;
+	int n;
+	enum tfab_log_level level[LOG_LINES];
+	char text[LOG_LINES][400];
+} logged = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void capture(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	(void)arg;
+	(void)subsys;
+	pthread_mutex_lock(&logged.lock);
+	if (logged.n < LOG_LINES) {
+		logged.level[logged.n] = level;
+		snprintf(logged.text[logged.n], sizeof(logged.text[0]), "%s", msg);
+		logged.n++;
+	}
+	pthread_mutex_unlock(&logged.lock);
+}
+
+/* How many captured lines at level (or any level: -1) hold all of the words given. */
+static int lines_with(int level, const char *a, const char *b, const char *c)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&logged.lock);
+	for (int i = 0; i < logged.n; i++)
+		n += (level < 0 || (int)logged.level[i] == level) && strstr(logged.text[i], a) &&
+		     (!b || strstr(logged.text[i], b)) && (!c || strstr(logged.text[i], c));
+	pthread_mutex_unlock(&logged.lock);
+	return n;
+}
+
 static int done_n(struct done *d)
 {
 	return __atomic_load_n(&d->n, __ATOMIC_ACQUIRE);
@@ -2204,7 +2239,8 @@ static int sc_destroy_in_callback(struct mp *mp)
 /*
  * A peer that stops (SIGSTOP) on an idle connection, on a pair of contexts of their own
  * (TFAB_OP_TIMEOUT_MS 1500, TFAB_HEARTBEAT_MS 100): with nothing pending, only its silence
- * tells. Rank 0 sees tfab_peer_status() turn to TFAB_ERR_TIMEOUT not before the deadline
+ * tells, in one warning that names its address and path. Rank 0 sees tfab_peer_status() turn
+ * to TFAB_ERR_TIMEOUT not before the deadline
  * (counted from the last heartbeat, a beat before the stop at most) and within it plus a heartbeat and the test's
  * slack; a receive from the peer then fails at once with that status. Rank 0 kills the
  * stopped rank and keeps working with rank 2.
@@ -2236,6 +2272,7 @@ static int sc_peer_stopped(struct mp *mp)
 	uint16_t p16;
 	uint64_t t0, took;
 	int status = 0;
+	char over[128];
 
 	CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
 	CHECK_RC(mp_put(mp, "ps_port", p16), 0);
@@ -2246,15 +2283,26 @@ static int sc_peer_stopped(struct mp *mp)
 	/* ctx reads the peer's heartbeats until it stops, and answers the send */
 	CHECK_RC(progress_until_note(mp, ctx, "ps_stopping"), 0);
 	CHECK_RC(mp_get(mp, 1, "ps_pid", &pid), 0);
+	snprintf(over, sizeof(over), " over %s failed: %s (no heartbeat for ", tfab_peer_path(peer),
+		 tfab_strerror(-TFAB_ERR_TIMEOUT));
+	logged.n = 0;
+	tfab_log_set_sink(capture, NULL);
 	t0 = ms_now();
 	while (!status && ms_now() - t0 < LIMIT_MS + (uint64_t)WAIT_MS) {
 		tfab_progress(ctx);
 		status = tfab_peer_status(peer);
 	}
 	took = ms_now() - t0;
+	tfab_log_set_sink(NULL, NULL);
 	fprintf(stderr, "rank 0: the stopped peer failed after %llu ms with %s\n",
 		(unsigned long long)took, tfab_strerror(status));
 	CHECK(status == -TFAB_ERR_TIMEOUT);
+	/* one warning, naming the peer's address and path, and why */
+	if (lines_with(TFAB_LOG_WARN, " at 127.0.0.1:", over, "it has stopped, or the link") != 1)
+		for (int i = 0; i < logged.n; i++)
+			fprintf(stderr, "rank 0: logged: %s\n", logged.text[i]);
+	CHECK(lines_with(TFAB_LOG_WARN, " at 127.0.0.1:", over, "it has stopped, or the link") ==
+	      1);
 	/* its last heartbeat came at most a beat (and a liveness period) before t0 */
 	CHECK(took >= LIMIT_MS - 2 * BEAT_MS);
 	CHECK(took <= LIMIT_MS + BEAT_MS + (uint64_t)WAIT_MS / 2);
@@ -3307,41 +3355,6 @@ static int sc_flush(struct mp *mp)
 	return 0;
 }
 
-/* Log lines captured by a sink: level and text, the first LOG_LINES of them. */
-enum { LOG_LINES = 4096 };
-static struct {
-	pthread_mutex_t lock;
-	int n;
-	enum tfab_log_level level[LOG_LINES];
-	char text[LOG_LINES][400];
-} logged = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static void capture(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
-{
-	(void)arg;
-	(void)subsys;
-	pthread_mutex_lock(&logged.lock);
-	if (logged.n < LOG_LINES) {
-		logged.level[logged.n] = level;
-		snprintf(logged.text[logged.n], sizeof(logged.text[0]), "%s", msg);
-		logged.n++;
-	}
-	pthread_mutex_unlock(&logged.lock);
-}
-
-/* How many captured lines at level (or any level: -1) hold all of the words given. */
-static int lines_with(int level, const char *a, const char *b, const char *c)
-{
-	int n = 0;
-
-	pthread_mutex_lock(&logged.lock);
-	for (int i = 0; i < logged.n; i++)
-		n += (level < 0 || (int)logged.level[i] == level) && strstr(logged.text[i], a) &&
-		     (!b || strstr(logged.text[i], b)) && (!c || strstr(logged.text[i], c));
-	pthread_mutex_unlock(&logged.lock);
-	return n;
-}
-
 #define D TFAB_LOG_DEBUG
 
 /*
@@ -3576,6 +3589,88 @@ static int negative_steps(struct mp *mp, struct tensor *t, struct done *d)
 			 "step cleanup: step -9223372036854775808 is negative: steps are >= 0",
 			 NULL, NULL) == 1);
 	CHECK(logged.n == n);
+	return 0;
+}
+
+/*
+ * What the log says when operations fail on their peer: each warning names the key, the step,
+ * the peer's address (host:port of its bootstrap connection) and its path.
+ * - a receive of a tensor never sent times out (TFAB_OP_TIMEOUT_MS 300, on contexts of their
+ *   own): "receive of 'fm/never' step 7 from peer N at 127.0.0.1:PORT over PATH: nothing ...";
+ * - rank 1 dies (SIGKILL) with a receive and a send of rank 0's pending with it: "peer N at
+ *   127.0.0.1:PORT over PATH failed: Peer failed (WHY); 1 receives ('fm/lost' step 8) and 1
+ *   sends ('fm/out' step 9) with it fail", where WHY is its bootstrap connection's end, or
+ *   a write to it that failed (whichever the path notices first).
+ */
+static int sc_failure_messages(struct mp *mp)
+{
+	enum tfab_log_level before = tfab_log_set_level(TFAB_LOG_WARN);
+	int64_t shape[1] = {16};
+	struct tfab_context *ctx;
+	struct tfab_peer *peer;
+	struct done d = {0};
+	char at[64], over[96];
+	struct tensor t;
+	unsigned port;
+
+	CHECK_RC(context_with(&ctx, (const char *const[]){"TFAB_OP_TIMEOUT_MS", "300", NULL}), 0);
+	if (mp->rank == 1) {
+		CHECK_RC(mp_get(mp, 0, "fm_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+		CHECK(own_pair_end(mp, ctx, peer, "fm") == 0);
+		tfab_log_set_level(before);
+		/* rank 0 posts what fails with us, then we die */
+		CHECK_RC(mp_wait_note(mp, 0, "fm_posted", WAIT_MS), 0);
+		raise(SIGKILL);
+		return 1;
+	}
+	uint16_t p16;
+
+	CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+	CHECK_RC(mp_put(mp, "fm_port", p16), 0);
+	CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+	snprintf(over, sizeof(over), " over %s: nothing from the peer", tfab_peer_path(peer));
+	logged.n = 0;
+	tfab_log_set_sink(capture, NULL);
+	CHECK_RC(tfab_recv(ctx, peer, "fm/never", 7, NULL, on_recv, &d), 0);
+	CHECK(wait_ctx(mp, ctx, &d, 1));
+	tfab_log_set_sink(NULL, NULL);
+	CHECK(d.errors == 1 && d.last_status == -TFAB_ERR_TIMEOUT);
+	if (lines_with(TFAB_LOG_WARN, "receive of 'fm/never' step 7 from peer ",
+		       " at 127.0.0.1:", over) != 1)
+		fprintf(stderr, "rank 0: wanted \"...%s\" in: %s\n", over,
+			logged.n ? logged.text[0] : "(nothing logged)");
+	CHECK(lines_with(TFAB_LOG_WARN, "receive of 'fm/never' step 7 from peer ",
+			 " at 127.0.0.1:", over) == 1);
+	CHECK(own_pair_end(mp, ctx, peer, "fm") == 0);
+
+	/* The peer's death, on the run's own pair. */
+	tensor_make(&t, f32, 1, shape);
+	tensor_fill(&t, 5);
+	peer = mp->peers[1];
+	snprintf(at, sizeof(at), " at 127.0.0.1:");
+	/* why: its bootstrap connection's end, or a write to it that failed (shm sees first) */
+	snprintf(over, sizeof(over), " over %s failed: %s (", tfab_peer_path(peer),
+		 tfab_strerror(-TFAB_ERR_PEER_FAILED));
+	memset(&d, 0, sizeof(d));
+	logged.n = 0;
+	tfab_log_set_sink(capture, NULL);
+	CHECK_RC(tfab_recv(mp->ctx, peer, "fm/lost", 8, NULL, on_recv, &d), 0);
+	CHECK_RC(tfab_send_to(mp->ctx, peer, "fm/out", 9, &t.dl, false, on_sent, &d), 0);
+	CHECK_RC(mp_note(mp, "fm_posted"), 0);
+	CHECK(wait_n(mp, &d, 2));
+	tfab_log_set_sink(NULL, NULL);
+	tfab_log_set_level(before);
+	CHECK(d.errors == 2 && d.last_status == -TFAB_ERR_PEER_FAILED);
+	if (lines_with(TFAB_LOG_WARN, at, over,
+		       "1 receives ('fm/lost' step 8) and 1 sends "
+		       "('fm/out' step 9) with it fail") != 1)
+		for (int i = 0; i < logged.n; i++)
+			fprintf(stderr, "rank 0: logged: %s\n", logged.text[i]);
+	CHECK(lines_with(TFAB_LOG_WARN, at, over,
+			 "1 receives ('fm/lost' step 8) and 1 sends ('fm/out' step 9) with it "
+			 "fail") == 1);
+	tensor_free(&t);
 	return 0;
 }
 
@@ -4602,6 +4697,11 @@ static const struct mp_scenario scenarios[] = {
     {.name = "peer_stopped",
      .nranks = 3,
      .fn = sc_peer_stopped,
+     .no_barrier = true,
+     .killed = 1u << 1},
+    {.name = "failure_messages",
+     .nranks = 2,
+     .fn = sc_failure_messages,
      .no_barrier = true,
      .killed = 1u << 1},
     {.name = "peer_freed_stopped",

@@ -510,6 +510,7 @@ static int sc_strings_lying_length(struct mp *mp)
 		uint64_t n = 0;
 
 		CHECK(r != NULL);
+		r->peer = mp->peers[1]; /* named in the refusals' messages */
 		r->dest = room;
 		for (int c = 0; c < 5; c++) {
 			for (int i = 0; i < 8; i++)

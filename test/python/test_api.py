@@ -173,6 +173,40 @@ def test_negative_steps_are_refused(pair):
     assert np.from_dlpack(b.recv(pb, "neg", 0, timeout=10)).tolist() == [1.0, 1.0]
 
 
+def test_failures_name_key_step_peer_and_path():
+    """A failed operation's exception names it (key and step); one that failed with its peer
+    quotes the library's warning, which names the peer's address and path."""
+    a = tfabtest.context(op_timeout_ms=300)
+    b = tfabtest.context(op_timeout_ms=300)
+    try:
+        pa, pb = a.peer(), b.peer()
+        blob_a, blob_b = pa.blob(), pb.blob()
+        pa.connect(blob_b)
+        pb.connect(blob_a)
+        # the stall deadline fails a receive of what is never sent
+        f = b.recv_async(pb, "never", 7)
+        with pytest.raises(tfab.TimeoutError) as e:
+            f.result(10)
+        assert "recv of 'never' step 7" in str(e.value), str(e.value)
+        # a blocking receive's own timeout
+        with pytest.raises(tfab.TimeoutError) as e:
+            b.recv(pb, "late", 8, timeout=0.2)
+        assert "recv of 'late' step 8" in str(e.value), str(e.value)
+        # the peer leaves while a blocking receive waits on it
+        leave = threading.Timer(0.3, a.close)
+        leave.start()
+        with pytest.raises(tfab.PeerFailedError) as e:
+            b.recv(pb, "gone", 9, timeout=10)
+        leave.join(10)
+        text = str(e.value)
+        assert "recv of 'gone' step 9: Peer failed" in text, text
+        assert "1 receives ('gone' step 9) and 0 sends with it fail" in text, text
+        assert " at " in text and " over %s failed" % pb.path in text, text
+    finally:
+        b.close()
+        a.close()
+
+
 def test_gil_released_while_waiting(pair):
     a, b, pa, pb = pair
     ticks = []

@@ -9,6 +9,7 @@ threads and errors.
 """
 
 import atexit as _atexit
+import errno as _errno
 import concurrent.futures as _cf
 import threading as _threading
 import time as _time
@@ -309,7 +310,7 @@ class Context:
     def recv_async(self, peer: Peer, key, step: int, out=None, any_shape: bool = False) -> Future:
         """recv() without waiting: a Future of what recv() returns."""
         fut = Future(self)
-        cb = _recv_callback(fut, out, any_shape) if any_shape else fut
+        cb = _recv_callback(fut, out, any_shape, _what("recv", key, step)) if any_shape else fut
         self._c.recv_async(peer, key, step, out, any_shape, cb)
         return fut
 
@@ -323,10 +324,11 @@ class Context:
     def recv_strings_async(self, peer: Peer, key, step: int) -> Future:
         """recv_strings() without waiting: a Future."""
         fut = Future(self)
+        what = _what("recv_strings", key, step)
 
         def done(status, res, dead):
             if status:
-                fut.set_exception(errors._from_status(status, "recv_strings"))
+                fut.set_exception(errors._from_status(status, what))
             elif dead or res[0] is None:
                 fut.set_result(None)
             else:
@@ -588,12 +590,23 @@ def _empty():
         return bytearray()
 
 
-def _recv_callback(fut, out, any_shape):
+def _what(call, key, step):
+    """An operation in an exception's words: "recv of 'k' step 3"."""
+    if isinstance(key, (bytes, bytearray)):
+        key = bytes(key).decode("utf-8", "replace")
+    return "%s of '%.64s' step %d" % (call, key, step)
+
+
+def _recv_callback(fut, out, any_shape, what="recv"):
+    mismatch = "recv into out=: its dtype or shape (or size) does not match the tensor sent"
+
     def done(status, tensor, dead):
         if status:
-            what = "recv into out=: its dtype or shape (or size) does not match the tensor sent" \
-                if out is not None else "recv"
-            fut.set_exception(errors._from_status(status, what))
+            if out is not None and abs(status) in (_errno.EINVAL, _errno.EMSGSIZE):
+                what_ = mismatch
+            else:
+                what_ = what
+            fut.set_exception(errors._from_status(status, what_))
         elif dead:
             fut.set_result(None)
         elif out is not None:
