@@ -158,7 +158,10 @@ int main(int argc, char **argv)
 		}
 		printf(",\"settings\":[");
 		for (size_t i = 0; i < nset; i++) {
-			char cur[128];
+			const char *given = getenv(table[i].name);
+			char cur[128], why[160];
+			bool bad =
+			    given && tfab__config_invalid(&table[i], given, why, sizeof(why));
 
 			tfab__config_format(&cfg, &table[i], cur, sizeof(cur));
 			printf("%s{\"name\":", i ? "," : "");
@@ -167,7 +170,11 @@ int main(int argc, char **argv)
 			json_str(stdout, table[i].dflt);
 			printf(",\"value\":");
 			json_str(stdout, cur);
-			printf(",\"set\":%s,\"help\":", getenv(table[i].name) ? "true" : "false");
+			printf(",\"set\":%s,\"given\":", given ? "true" : "false");
+			json_str(stdout, tfab__config_secret(&table[i]) ? NULL : given);
+			printf(",\"invalid\":");
+			json_str(stdout, bad ? why : NULL);
+			printf(",\"help\":");
 			json_str(stdout, table[i].help);
 			printf("}");
 		}
@@ -211,11 +218,19 @@ int main(int argc, char **argv)
 			       paths[i].domain);
 		printf("\nSettings:\n");
 		for (size_t i = 0; i < nset; i++) {
-			char cur[128];
+			const char *given = getenv(table[i].name);
+			char cur[128], why[160];
 
 			tfab__config_format(&cfg, &table[i], cur, sizeof(cur));
-			printf("  %s=%s%s (default \"%s\")\n      %s\n", table[i].name, cur,
-			       getenv(table[i].name) ? " [set]" : "", table[i].dflt, table[i].help);
+			/* an invalid value is shown as given, not as the default in its place */
+			if (given && tfab__config_invalid(&table[i], given, why, sizeof(why)))
+				printf("  %s='%s' (invalid: %s; using the default %s)\n      %s\n",
+				       table[i].name,
+				       tfab__config_secret(&table[i]) ? "(set)" : given, why,
+				       cur[0] ? cur : "''", table[i].help);
+			else
+				printf("  %s=%s%s (default \"%s\")\n      %s\n", table[i].name, cur,
+				       given ? " [set]" : "", table[i].dflt, table[i].help);
 		}
 	}
 	if (cfg_rc)

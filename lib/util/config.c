@@ -1,8 +1,15 @@
-/* The configuration table and its parsers. */
+/*
+ * The configuration table and its parsers, and the warning about TFAB_* variables that no
+ * setting knows.
+ */
+#include <ctype.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include <tfab/config.h>
 #include <tfab/status.h>
@@ -379,6 +386,17 @@ static const struct tfab_config_entry table[] = {
 
 #define TABLE_LEN (sizeof(table) / sizeof(table[0]))
 
+/*
+ * TFAB_* variables that are no setting of the library but that other parts of the project
+ * read: its test suites', benchmarks' and test VM's. The warning about unknown variables
+ * leaves them alone, and every TFAB_TEST_* variable too (the tests' own knobs).
+ */
+static const char *const not_settings[] = {
+    "TFAB_FAULTS_SLACK_MS", "TFAB_FAULTS_RDMA_ADDR", "TFAB_PY_LOOP",	"TFAB_FUZZ_SECONDS",
+    "TFAB_VM_KERNEL_DEB",   "TFAB_VM_EXTRA_ENV",     "TFAB_VM_RUN_DIR",
+};
+#define TEST_PREFIX "TFAB_TEST_"
+
 const struct tfab_config_entry *tfab__config_table(size_t *count_p)
 {
 	*count_p = TABLE_LEN;
@@ -393,22 +411,127 @@ const struct tfab_config_entry *tfab__config_find(const char *name)
 	return NULL;
 }
 
+/* Why e refused a value, its parser having said rc: "out of range (1..3600000)". */
+static void entry_why(const struct tfab_config_entry *e, int rc, char *why, size_t len)
+{
+	if (rc == -ERANGE)
+		snprintf(why, len, "out of range (%lu..%lu)", e->min, e->max);
+	else if (rc == -ENAMETOOLONG)
+		snprintf(why, len, "longer than %zu bytes", e->size - 1);
+	else
+		snprintf(why, len, "not a valid %s value: %s", e->parser->kind, tfab_strerror(rc));
+}
+
 static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e, const char *value,
 		     char *errbuf, size_t errlen)
 {
 	int rc = e->parser->parse(value, (char *)cfg + e->offset, e->size, e->min, e->max);
+	char why[128];
 
 	if (rc == 0)
 		return 0;
 	if (errbuf && errlen) {
-		if (rc == -ERANGE)
-			snprintf(errbuf, errlen, "%s=%s is out of range (%lu..%lu)", e->name, value,
-				 e->min, e->max);
-		else
-			snprintf(errbuf, errlen, "%s=%s is not a valid %s value: %s", e->name,
-				 value, e->parser->kind, tfab_strerror(rc));
+		entry_why(e, rc, why, sizeof(why));
+		/* a secret never goes into a message, not even a wrong one */
+		snprintf(errbuf, errlen, "%s=%s is %s", e->name,
+			 tfab__config_secret(e) ? "(set)" : value, why);
 	}
 	return -TFAB_ERR_CONFIG;
+}
+
+bool tfab__config_invalid(const struct tfab_config_entry *e, const char *value, char *why,
+			  size_t len)
+{
+	struct tfab_config scratch;
+	enum tfab_log_level level;
+	int rc;
+
+	/* A level that is none is warn (its parser takes anything, util/log.c says so) */
+	if (e->parser == &parser_level) {
+		if (tfab__log_level_parse(value, &level) == 0)
+			return false;
+		snprintf(why, len, "not a level: none, error, warn, info, debug, trace or 0..5");
+		return true;
+	}
+	rc = e->parser->parse(value, (char *)&scratch + e->offset, e->size, e->min, e->max);
+	if (rc == 0)
+		return false;
+	entry_why(e, rc, why, len);
+	return true;
+}
+
+/* The edit distance of a and b (at most 63 bytes each are compared), letters in any case. */
+static unsigned distance(const char *a, const char *b)
+{
+	unsigned row[64], n = (unsigned)strnlen(b, 63), m = (unsigned)strnlen(a, 63);
+
+	for (unsigned j = 0; j <= n; j++)
+		row[j] = j;
+	for (unsigned i = 1; i <= m; i++) {
+		unsigned diag = row[0];
+
+		row[0] = i;
+		for (unsigned j = 1; j <= n; j++) {
+			unsigned up = row[j], cost = toupper((unsigned char)a[i - 1]) !=
+						     toupper((unsigned char)b[j - 1]);
+			unsigned best = diag + cost;
+
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			diag = up;
+			row[j] = best;
+		}
+	}
+	return row[n];
+}
+
+/* Whether name (up to its '=' or end) is a setting, or a variable of the project's own. */
+static bool known(const char *name, size_t len)
+{
+	for (size_t i = 0; i < TABLE_LEN; i++)
+		if (strlen(table[i].name) == len && strncmp(table[i].name, name, len) == 0)
+			return true;
+	for (size_t i = 0; i < sizeof(not_settings) / sizeof(not_settings[0]); i++)
+		if (strlen(not_settings[i]) == len && strncmp(not_settings[i], name, len) == 0)
+			return true;
+	return len > strlen(TEST_PREFIX) && strncmp(name, TEST_PREFIX, strlen(TEST_PREFIX)) == 0;
+}
+
+unsigned tfab__config_warn_unknown(char *const *env)
+{
+	unsigned n = 0;
+
+	for (; env && *env; env++) {
+		const char *eq = strchr(*env, '='), *close = NULL;
+		char name[64];
+		size_t len;
+		unsigned best = ~0u;
+
+		if (!eq || strncasecmp(*env, "TFAB_", 5) != 0)
+			continue;
+		len = (size_t)(eq - *env);
+		if (known(*env, len))
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)(len < 63 ? len : 63), *env);
+		/* the nearest setting, if a slip of a few letters away */
+		for (size_t i = 0; i < TABLE_LEN; i++) {
+			unsigned d = distance(name, table[i].name);
+
+			if (d < best) {
+				best = d;
+				close = table[i].name;
+			}
+		}
+		if (best > 3 || 3 * best > strlen(name) - 5)
+			close = NULL;
+		TFAB_WARN("config", "%s is not a tfab setting: ignored%s%s%s", name,
+			  close ? " (did you mean " : " (tfab-info lists the settings)",
+			  close ? close : "", close ? "?)" : "");
+		n++;
+	}
+	return n;
 }
 
 int tfab__config_set(struct tfab_config *cfg, const char *name, const char *value, char *errbuf,
@@ -432,8 +555,12 @@ int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen)
 int tfab__config_init_with(struct tfab_config *cfg, const char *const *names,
 			   const char *const *values, size_t n, char *errbuf, size_t errlen)
 {
+	static atomic_flag warned = ATOMIC_FLAG_INIT;
 	int first_rc = 0;
 
+	/* Once a process, at the first read: a misspelt variable is otherwise silently ignored. */
+	if (!atomic_flag_test_and_set(&warned))
+		tfab__config_warn_unknown(environ);
 	memset(cfg, 0, sizeof(*cfg));
 	for (size_t i = 0; i < TABLE_LEN; i++) {
 		/* The defaults are ours; one that does not parse is a bug caught by the tests. */

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct tfab_config {
 	char provider[64];	     /* TFAB_PROVIDER */
@@ -64,7 +65,7 @@ struct tfab_config {
 };
 
 struct tfab_config_parser {
-	const char *kind; /* "string", "uint", "auto|uint", "level" */
+	const char *kind; /* "string", "uint", "auto|uint", "level", "secret" */
 	int (*parse)(const char *text, void *field, size_t size, unsigned long min,
 		     unsigned long max);
 	void (*format)(const void *field, char *buf, size_t len);
@@ -108,6 +109,27 @@ int tfab__config_init_with(struct tfab_config *cfg, const char *const *names,
 /* Set one field from text; returns 0, -ENOENT for an unknown name, or -TFAB_ERR_CONFIG. */
 int tfab__config_set(struct tfab_config *cfg, const char *name, const char *value, char *errbuf,
 		     size_t errlen);
+
+/* A secret's value is never shown (TFAB_AUTH_KEY): whether e is one. */
+static inline bool tfab__config_secret(const struct tfab_config_entry *e)
+{
+	return strcmp(e->parser->kind, "secret") == 0;
+}
+
+/*
+ * Whether value is one that e's setting refuses, so that the default stands in its place: true
+ * with the reason in why ("out of range (1..3600000)"). Nothing is set.
+ */
+bool tfab__config_invalid(const struct tfab_config_entry *e, const char *value, char *why,
+			  size_t len);
+
+/*
+ * Warn about each TFAB_* variable of env (as environ: "NAME=value", NULL-terminated; the prefix
+ * in any case) that is no setting, naming it and the setting it is a slip of a few letters
+ * from, if one is. Variables of the project's own (its tests', benchmarks') are known. Returns
+ * how many. tfab__config_init does this once a process, at the first read.
+ */
+unsigned tfab__config_warn_unknown(char *const *env);
 
 /* The current value of a field as text. */
 void tfab__config_format(const struct tfab_config *cfg, const struct tfab_config_entry *e,

@@ -57,9 +57,38 @@ check "TFAB_LOG_LEVEL=loud tfab-info runs" [ $? = 0 ]
 check "... and warns once that it uses warn" [ "$(grep -c 'TFAB_LOG_LEVEL=loud is not a level' "$out/err")" = 1 ]
 check "... and nothing else about it" [ "$(grep -c 'TFAB_LOG_LEVEL' "$out/err")" = 1 ]
 
-TFAB_OFI_CQ_SIZE=abc "$bin/tfab-info" >/dev/null 2>"$out/err"
+TFAB_OFI_CQ_SIZE=abc "$bin/tfab-info" >"$out/info" 2>"$out/err"
 check "a bad setting fails tfab-info" [ $? != 0 ]
 check "... naming the variable" grep -q 'TFAB_OFI_CQ_SIZE=abc' "$out/err"
+# shown as given and invalid, not as the default that stands in for it
+check "... listed as invalid, with the default used" grep -qF \
+	"TFAB_OFI_CQ_SIZE='abc' (invalid: not a valid uint value: Invalid argument; using the default 4096)" \
+	"$out/info"
+check "... and not as if it were the default" lacks -q 'TFAB_OFI_CQ_SIZE=4096' "$out/info"
+TFAB_OFI_CQ_SIZE=8 "$bin/tfab-info" --json >"$out/json" 2>/dev/null
+check "... and in --json: given, invalid, the value used" python3 -c '
+import json, sys
+s = {x["name"]: x for x in json.load(open(sys.argv[1]))["settings"]}
+c = s["TFAB_OFI_CQ_SIZE"]
+assert (c["given"], c["value"], c["invalid"]) == ("8", "4096", "out of range (16..1048576)"), c
+assert s["TFAB_RING_SLOTS"]["invalid"] is None and s["TFAB_RING_SLOTS"]["given"] is None
+' "$out/json"
+secret=$(printf 's%.0s' $(seq 300))
+TFAB_AUTH_KEY=$secret "$bin/tfab-info" >"$out/info" 2>"$out/err"
+check "a refused secret is named, never shown" grep -q "TFAB_AUTH_KEY='(set)' (invalid: longer than 255 bytes" "$out/info"
+check "... in the listing or the error" lacks -q sssssss "$out/info" "$out/err"
+
+# A TFAB_* variable no setting knows: a warning, once, naming the setting meant.
+TFAB_OP_TIMOUT_MS=5 "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "a misspelt setting is warned about once" \
+	[ "$(grep -c 'TFAB_OP_TIMOUT_MS is not a tfab setting' "$out/err")" = 1 ]
+check "... naming the one meant" grep -q 'ignored (did you mean TFAB_OP_TIMEOUT_MS?)' "$out/err"
+TFAB_BOGUS=1 "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "an unknown one with none near is warned about too" \
+	grep -q 'TFAB_BOGUS is not a tfab setting: ignored (tfab-info lists the settings)' "$out/err"
+TFAB_RANK=0 TFAB_WORLD_SIZE=1 TFAB_TEST_STALL_MS=1 TFAB_FAULTS_SLACK_MS=1 TFAB_PY_LOOP=1 \
+	"$bin/tfab-info" >/dev/null 2>"$out/err"
+check "the project's own variables are not warned about" lacks -q 'not a tfab setting' "$out/err"
 
 # The verbs backend: built or not, with a usable device or not, tfab-info and a forced
 # TFAB_PROVIDER=verbs say which, and why.

@@ -1,6 +1,8 @@
 /*
  * Unit tests for the configuration table: defaults, TFAB_* environment overrides, rejection of
- * bad values (reported by name, field left at its default), and the public settings API.
+ * bad values (reported by name, field left at its default), the public settings API, the
+ * warning about TFAB_* variables no setting knows (once a process, with the setting meant), and
+ * what an invalid value is said to be.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +32,151 @@ static int clean_env(void **state)
 	for (size_t i = 0; i < n; i++)
 		unsetenv(table[i].name);
 	return 0;
+}
+
+/* Warnings logged: how many, and the last. */
+static struct {
+	int n;
+	char last[512];
+} warned;
+
+static void count_warnings(void *arg, enum tfab_log_level level, const char *subsys,
+			   const char *msg)
+{
+	(void)arg;
+	if (level != TFAB_LOG_WARN || strcmp(subsys, "config") != 0)
+		return;
+	warned.n++;
+	snprintf(warned.last, sizeof(warned.last), "%s", msg);
+}
+
+/*
+ * First in the run: the process's first read of the settings warns about a misspelt variable,
+ * naming the setting meant; later reads say nothing more.
+ */
+static void test_unknown_warned_once(void **state)
+{
+	struct tfab_config cfg;
+
+	(void)state;
+	tfab_log_set_sink(count_warnings, NULL);
+	tfab_log_set_level(TFAB_LOG_WARN);
+	setenv("TFAB_OP_TIMOUT_MS", "5", 1);
+	assert_int_equal(tfab__config_init(&cfg, NULL, 0), 0);
+	assert_int_equal(warned.n, 1);
+	assert_string_equal(warned.last, "TFAB_OP_TIMOUT_MS is not a tfab setting: ignored (did "
+					 "you mean TFAB_OP_TIMEOUT_MS?)");
+	assert_int_equal(cfg.op_timeout_ms, 60000);
+	assert_int_equal(tfab__config_init(&cfg, NULL, 0), 0);
+	assert_int_equal(tfab_settings_check(NULL, 0), 0);
+	assert_int_equal(warned.n, 1);
+	unsetenv("TFAB_OP_TIMOUT_MS");
+	tfab_log_set_sink(NULL, NULL);
+}
+
+/*
+ * Which variables are warned about: every TFAB_* one (any case) no setting knows, with the
+ * setting it is a slip from where there is one; not the settings, not the variables of the
+ * project's tests and tools, not other variables.
+ */
+static void test_unknown_names(void **state)
+{
+	static char *const env[] = {
+	    "TFAB_PROVIDERS=shm",
+	    "tfab_ring_slots=4",
+	    "TFAB_TIMEOUT_MS=3",
+	    "TFAB_FOO=1",
+	    "TFAB_=1",
+	    "TFAB_RANK=0",
+	    "TFAB_MASTER_ADDR=h",
+	    "TFAB_PROVIDER=shm",
+	    "TFAB_TEST_STALL_MS=1",
+	    "TFAB_TEST_ANYTHING=1",
+	    "TFAB_FAULTS_SLACK_MS=1",
+	    "TFAB_PY_LOOP=1",
+	    "TFAB_VM_EXTRA_ENV=x",
+	    "PATH=/bin",
+	    "TFABX=1",
+	    NULL,
+	};
+	static const struct {
+		char *const env[2];
+		const char *said;
+	} one[] = {
+	    {{"TFAB_PROVIDERS=shm"},
+	     "TFAB_PROVIDERS is not a tfab setting: ignored (did you mean "
+	     "TFAB_PROVIDER?)"},
+	    {{"tfab_ring_slots=4"},
+	     "tfab_ring_slots is not a tfab setting: ignored (did you mean "
+	     "TFAB_RING_SLOTS?)"},
+	    {{"TFAB_TIMEOUT_MS=3"},
+	     "TFAB_TIMEOUT_MS is not a tfab setting: ignored (did you mean "
+	     "TFAB_OP_TIMEOUT_MS?)"},
+	    {{"TFAB_FOO=1"},
+	     "TFAB_FOO is not a tfab setting: ignored (tfab-info lists the "
+	     "settings)"},
+	};
+
+	(void)state;
+	tfab_log_set_sink(count_warnings, NULL);
+	tfab_log_set_level(TFAB_LOG_WARN);
+	warned.n = 0;
+	assert_int_equal(tfab__config_warn_unknown(env), 5);
+	assert_int_equal(warned.n, 5);
+	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++) {
+		assert_int_equal(tfab__config_warn_unknown(one[i].env), 1);
+		assert_string_equal(warned.last, one[i].said);
+	}
+	assert_int_equal(tfab__config_warn_unknown(NULL), 0);
+	tfab_log_set_sink(NULL, NULL);
+}
+
+/* What an invalid value is said to be, for tfab-info; valid ones are not. */
+static void test_invalid_values(void **state)
+{
+	static const struct {
+		const char *name, *value, *why;
+	} cases[] = {
+	    {"TFAB_RING_SLOTS", "abc", "not a valid uint value: Invalid argument"},
+	    {"TFAB_RING_SLOTS", "1", "out of range (2..1024)"},
+	    {"TFAB_LOG_LEVEL", "loud",
+	     "not a level: none, error, warn, info, debug, trace or 0..5"},
+	    {"TFAB_VERBS_PORT", "first", "not a valid auto|uint value: Invalid argument"},
+	    {"TFAB_PEER_MAX_INFLIGHT", "lots", "not a valid auto|bytes value: Invalid argument"},
+	    {"TFAB_OFI_DOMAIN", "0123456789012345678901234567890123456789012345678901234567890123",
+	     "longer than 63 bytes"},
+	};
+	static const char *const valid[][2] = {
+	    {"TFAB_RING_SLOTS", "4"},	 {"TFAB_LOG_LEVEL", "debug"},
+	    {"TFAB_VERBS_PORT", "auto"}, {"TFAB_PEER_MAX_INFLIGHT", "4G"},
+	    {"TFAB_OFI_DOMAIN", "lo"},
+	};
+	char why[160];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		why[0] = '\0';
+		assert_true(tfab__config_invalid(tfab__config_find(cases[i].name), cases[i].value,
+						 why, sizeof(why)));
+		assert_string_equal(why, cases[i].why);
+	}
+	for (size_t i = 0; i < sizeof(valid) / sizeof(valid[0]); i++)
+		assert_false(tfab__config_invalid(tfab__config_find(valid[i][0]), valid[i][1], why,
+						  sizeof(why)));
+}
+
+/* A secret that is refused is named, never shown. */
+static void test_secret_never_shown(void **state)
+{
+	char key[300], err[512];
+	struct tfab_config cfg;
+
+	(void)state;
+	memset(key, 's', sizeof(key) - 1);
+	key[sizeof(key) - 1] = '\0';
+	setenv("TFAB_AUTH_KEY", key, 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_string_equal(err, "TFAB_AUTH_KEY=(set) is longer than 255 bytes");
 }
 
 static void assert_field_is(const struct tfab_config *cfg, const char *name, const char *want)
@@ -420,6 +568,11 @@ static void test_settings_check(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+	    /* first: the process's first read of the settings */
+	    cmocka_unit_test_setup_teardown(test_unknown_warned_once, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_unknown_names, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_invalid_values, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_secret_never_shown, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_defaults, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_defaults_parse_each, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_names_unique, clean_env, clean_env),
