@@ -40,6 +40,7 @@ uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p)
 int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
 			     void **data_p)
 {
+	char name[TFAB_DTYPE_NAME_MAX];
 	int64_t expect = 1;
 	bool overflow;
 
@@ -58,8 +59,17 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 			   TFAB_MAX_DIMS);
 		return -EINVAL;
 	}
-	if (t->dtype.bits == 0 || t->dtype.lanes == 0 || (t->ndim && !t->shape))
+	if (t->dtype.bits == 0 || t->dtype.lanes == 0) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS,
+			   "a tensor of dtype %s: a dtype has 1 bit and 1 lane at least",
+			   tfab_dtype_name(t->dtype, name, sizeof(name)));
 		return -EINVAL;
+	}
+	if (t->ndim && !t->shape) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS, "a tensor (%s) of %d dimensions without a shape",
+			   tfab_dtype_name(t->dtype, name, sizeof(name)), t->ndim);
+		return -EINVAL;
+	}
 	/* the shape is written as far as ndim, below: the rest is never read */
 	memset(meta, 0, offsetof(struct tfab_wire_meta, shape));
 	meta->dtype_code = t->dtype.code;
@@ -68,8 +78,13 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 	meta->is_dead = is_dead;
 	meta->ndim = (uint8_t)t->ndim;
 	for (int i = t->ndim - 1; i >= 0; i--) {
-		if (t->shape[i] < 0)
+		if (t->shape[i] < 0) {
+			TFAB_ERROR(TFAB_ENGINE_SUBSYS,
+				   "a tensor (%s) whose dimension %d is negative (%lld)",
+				   tfab_dtype_name(t->dtype, name, sizeof(name)), i,
+				   (long long)t->shape[i]);
 			return -EINVAL;
+		}
 		meta->shape[i] = t->shape[i];
 		/* Compact row-major only: strides NULL, or exactly the row-major ones. */
 		if (t->strides && t->shape[i] != 1 && t->strides[i] != expect) {
@@ -81,10 +96,17 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 		expect *= t->shape[i];
 	}
 	meta->nbytes = tfab__meta_nbytes(meta, &overflow);
-	if (overflow)
+	if (overflow) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS, "a tensor (%s) whose size overflows 64 bits",
+			   tfab_dtype_name(t->dtype, name, sizeof(name)));
 		return -EOVERFLOW;
-	if (meta->nbytes && !t->data && !is_dead)
+	}
+	if (meta->nbytes && !t->data && !is_dead) {
+		TFAB_ERROR(TFAB_ENGINE_SUBSYS, "a tensor (%s) of %llu bytes without data",
+			   tfab_dtype_name(t->dtype, name, sizeof(name)),
+			   (unsigned long long)meta->nbytes);
 		return -EINVAL;
+	}
 	*data_p = t->data ? (char *)t->data + t->byte_offset : NULL;
 	return 0;
 }

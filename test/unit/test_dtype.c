@@ -1,6 +1,7 @@
 /*
  * Unit tests for dtype names in messages (tfab_dtype_name): every dtype as users write it,
- * lanes as a suffix, codes DLPack does not name, short buffers, and a string tensor's.
+ * lanes as a suffix, codes DLPack does not name, short buffers, and a string tensor's; and the
+ * refusals of a tensor that is none, each saying what is wrong with the dtype named.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,9 +9,12 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <tfab/engine.h>
+#include <tfab/log.h>
 
 #include "engine/engine.h"
 
@@ -87,12 +91,97 @@ static void test_meta(void **state)
 	assert_string_equal(tfab__meta_dtype_name(&m, buf, sizeof(buf)), "bfloat16");
 }
 
+static char last[512];
+static int logged;
+
+static void keep(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	(void)arg;
+	(void)level;
+	(void)subsys;
+	logged++;
+	snprintf(last, sizeof(last), "%s", msg);
+}
+
+/* A tensor refused says why, once, naming its dtype; a good one says nothing. */
+static void test_tensor_refusals(void **state)
+{
+	float data[6];
+	int64_t shape[2] = {2, 3}, negative[2] = {2, -3}, huge[2] = {INT64_MAX, 4};
+	static const struct {
+		DLDataType dtype;
+		int ndim, shape; /* 0: shape, 1: negative, 2: huge, 3: none */
+		bool data;
+		int rc;
+		const char *said;
+	} cases[] = {
+	    {{kDLFloat, 0, 1},
+	     2,
+	     0,
+	     true,
+	     -EINVAL,
+	     "a tensor of dtype float0: a dtype has 1 bit and 1 lane at least"},
+	    {{kDLInt, 32, 0},
+	     2,
+	     0,
+	     true,
+	     -EINVAL,
+	     "a tensor of dtype int32x0: a dtype has 1 bit and 1 lane at least"},
+	    {{kDLInt, 32, 1},
+	     2,
+	     3,
+	     true,
+	     -EINVAL,
+	     "a tensor (int32) of 2 dimensions without a shape"},
+	    {{kDLInt, 32, 1},
+	     2,
+	     1,
+	     true,
+	     -EINVAL,
+	     "a tensor (int32) whose dimension 1 is negative (-3)"},
+	    {{kDLBfloat, 16, 1},
+	     2,
+	     2,
+	     true,
+	     -EOVERFLOW,
+	     "a tensor (bfloat16) whose size overflows 64 bits"},
+	    {{kDLFloat, 32, 1},
+	     2,
+	     0,
+	     false,
+	     -EINVAL,
+	     "a tensor (float32) of 24 bytes without data"},
+	    {{kDLFloat, 32, 1}, 2, 0, true, 0, ""},
+	};
+	struct tfab_wire_meta meta;
+	void *out;
+
+	(void)state;
+	tfab_log_set_sink(keep, NULL);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int64_t *const shapes[] = {shape, negative, huge, NULL};
+		DLTensor t = {.data = cases[i].data ? data : NULL,
+			      .device = {kDLCPU, 0},
+			      .ndim = cases[i].ndim,
+			      .dtype = cases[i].dtype,
+			      .shape = shapes[cases[i].shape]};
+
+		logged = 0;
+		last[0] = '\0';
+		assert_int_equal(tfab__meta_from_dltensor(&t, false, &meta, &out), cases[i].rc);
+		assert_int_equal(logged, cases[i].rc ? 1 : 0);
+		assert_string_equal(last, cases[i].said);
+	}
+	tfab_log_set_sink(NULL, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_names),
 	    cmocka_unit_test(test_bounds),
 	    cmocka_unit_test(test_meta),
+	    cmocka_unit_test(test_tensor_refusals),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
