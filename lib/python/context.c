@@ -520,7 +520,7 @@ static PyObject *context_send(struct tfabpy_context *c, PyObject *args)
 		return NULL;
 	if (!tfabpy_context_usable(c))
 		return NULL;
-	if (tfabpy_dlpack_import(obj, &m) < 0)
+	if (tfabpy_dlpack_import(obj, NULL, &m) < 0)
 		return NULL;
 	if (!tfabpy_is_compact(&m->dl_tensor)) {
 		m->deleter(m);
@@ -654,7 +654,7 @@ static int out_arg(PyObject *out, DLManagedTensor **m_p)
 	*m_p = NULL;
 	if (out == Py_None)
 		return 0;
-	if (tfabpy_dlpack_import(out, &m) < 0)
+	if (tfabpy_dlpack_import(out, "out=", &m) < 0)
 		return -1;
 	if (!tfabpy_is_compact(&m->dl_tensor)) {
 		m->deleter(m);

@@ -392,16 +392,36 @@ static int buffer_dtype(const Py_buffer *v, DLDataType *d)
 	return 0;
 }
 
-static int import_buffer(PyObject *obj, DLManagedTensor **m_p)
+/* The error for a destination that cannot be written: what names it, and why. */
+static void refuse_read_only(const char *what, PyObject *obj, const char *why)
+{
+	PyErr_Format(PyExc_ValueError,
+		     "tfab: %s is read-only (%.200s%s%s): the destination of a receive or of a "
+		     "collective must be writable; nothing was posted",
+		     what, Py_TYPE(obj)->tp_name, why ? ": " : "", why ? why : "");
+}
+
+/*
+ * A Py_buffer of obj: writable when want_writable (what, for the error: "out="), else a
+ * read-only one may do (a source).
+ */
+static int import_buffer(PyObject *obj, const char *what, bool want_writable, DLManagedTensor **m_p)
 {
 	struct buffer_tensor *b;
 	Py_buffer view;
+	int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
 
-	if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) <
-	    0) {
+	if (PyObject_GetBuffer(obj, &view, flags | PyBUF_WRITABLE) < 0) {
+		/* BufferError from bytes, ValueError from NumPy: asked again, the cause shows */
 		PyErr_Clear();
-		if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+		if (PyObject_GetBuffer(obj, &view, flags) < 0)
 			return -1;
+		if (want_writable) {
+			/* It exports, but only for reading: never write into it. */
+			PyBuffer_Release(&view);
+			refuse_read_only(what, obj, NULL);
+			return -1;
+		}
 	}
 	b = calloc(1, sizeof(*b) + sizeof(int64_t) * (size_t)(view.ndim ? view.ndim : 1));
 	if (!b) {
@@ -429,14 +449,40 @@ static int import_buffer(PyObject *obj, DLManagedTensor **m_p)
 	return 0;
 }
 
-int tfabpy_dlpack_import(PyObject *obj, DLManagedTensor **m_p)
+/* Whether the exception set says that an exporter refused to export read-only memory. */
+static bool refused_read_only(void)
+{
+	PyObject *type, *value, *tb, *text;
+	bool yes = false;
+
+	if (!PyErr_ExceptionMatches(PyExc_BufferError))
+		return false;
+	PyErr_Fetch(&type, &value, &tb);
+	text = value ? PyObject_Str(value) : NULL;
+	if (text) {
+		const char *s = PyUnicode_AsUTF8(text);
+
+		yes = s && (strstr(s, "readonly") || strstr(s, "read-only"));
+		Py_DECREF(text);
+	}
+	PyErr_Clear();
+	PyErr_Restore(type, value, tb);
+	return yes;
+}
+
+int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p)
 {
 	PyObject *cap;
 	DLManagedTensor *m;
 
 	if (!PyObject_HasAttrString(obj, "__dlpack__")) {
-		if (PyObject_CheckBuffer(obj) && import_buffer(obj, m_p) == 0)
-			return 0;
+		if (PyObject_CheckBuffer(obj)) {
+			if (import_buffer(obj, dest, dest != NULL, m_p) == 0)
+				return 0;
+			/* A read-only destination, or a format without a dtype: that error. */
+			if (!PyErr_ExceptionMatches(PyExc_BufferError))
+				return -1;
+		}
 		PyErr_Clear();
 		PyErr_Format(PyExc_TypeError,
 			     "tfab: expected a tensor with __dlpack__ (a NumPy array, a torch "
@@ -446,19 +492,40 @@ int tfabpy_dlpack_import(PyObject *obj, DLManagedTensor **m_p)
 	}
 	cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
 	if (!cap) {
-		/* NumPy 1.24 exports no bool through DLPack 0.6: its buffer says it all. */
+		/*
+		 * NumPy 1.24 exports no bool through DLPack 0.6, nor a read-only array (DLPack
+		 * cannot say read-only): its buffer says it all, and whether it may be written.
+		 */
 		if (PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
 			PyObject *type, *value, *tb;
 
 			PyErr_Fetch(&type, &value, &tb);
-			if (import_buffer(obj, m_p) == 0) {
+			if (import_buffer(obj, dest, dest != NULL, m_p) == 0) {
 				Py_XDECREF(type);
 				Py_XDECREF(value);
 				Py_XDECREF(tb);
 				return 0;
 			}
+			if (!PyErr_ExceptionMatches(PyExc_BufferError)) {
+				/* read-only, or no dtype: says more than the exporter's refusal */
+				Py_XDECREF(type);
+				Py_XDECREF(value);
+				Py_XDECREF(tb);
+				return -1;
+			}
 			PyErr_Clear();
 			PyErr_Restore(type, value, tb);
+		} else if (dest && refused_read_only()) {
+			PyObject *type, *value, *tb, *text;
+
+			PyErr_Fetch(&type, &value, &tb);
+			PyErr_NormalizeException(&type, &value, &tb);
+			text = value ? PyObject_Str(value) : NULL;
+			refuse_read_only(dest, obj, text ? PyUnicode_AsUTF8(text) : NULL);
+			Py_XDECREF(text);
+			Py_XDECREF(type);
+			Py_XDECREF(value);
+			Py_XDECREF(tb);
 		}
 		return -1;
 	}

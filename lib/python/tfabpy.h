@@ -77,9 +77,11 @@ PyObject *tfabpy_tensor_new(struct tfabpy_context *owner, DLManagedTensor *m, Py
 
 /*
  * Import obj's tensor through __dlpack__: *m_p gets its DLManagedTensor (the caller owns it:
- * call its deleter when done), the capsule marked used. -1 with an exception set.
+ * call its deleter when done), the capsule marked used. dest NULL: a source, which may be
+ * read-only; else a destination, named so in errors ("out="), which must be writable (a
+ * ValueError otherwise: bytes, a read-only array or memoryview). -1 with an exception set.
  */
-int tfabpy_dlpack_import(PyObject *obj, DLManagedTensor **m_p);
+int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p);
 /* Whether t is compact row-major (strides NULL or those of its shape). */
 bool tfabpy_is_compact(const DLTensor *t);
 

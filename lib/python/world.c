@@ -407,14 +407,15 @@ static void on_coll(void *arg, int status)
 
 /*
  * A collective's tensor: imported through DLPack (or the buffer protocol), compact, on the CPU
- * or a CUDA GPU (the library takes that through host proxies, or says why it cannot); the
+ * or a CUDA GPU (the library takes that through host proxies, or says why it cannot); dest
+ * names one the collective writes (it must be writable), NULL for one it only reads. The
  * caller owns *m_p. -1 with an exception set.
  */
-static int coll_tensor(PyObject *obj, const char *what, DLManagedTensor **m_p)
+static int coll_tensor(PyObject *obj, const char *what, const char *dest, DLManagedTensor **m_p)
 {
 	DLManagedTensor *m;
 
-	if (tfabpy_dlpack_import(obj, &m) < 0)
+	if (tfabpy_dlpack_import(obj, dest, &m) < 0)
 		return -1;
 	if (m->dl_tensor.device.device_type != kDLCPU &&
 	    m->dl_tensor.device.device_type != kDLCUDA) {
@@ -526,9 +527,11 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 		return PyErr_Format(PyExc_TypeError, "tfab: key= is str, bytes or None");
 	if (!world_usable(self))
 		return NULL;
-	if (coll_tensor(inobj, "allreduce", &in) < 0)
+	if (coll_tensor(inobj, "allreduce",
+			outobj == Py_None ? "allreduce's tensor (reduced in place)" : NULL,
+			&in) < 0)
 		return NULL;
-	if (outobj != Py_None && coll_tensor(outobj, "allreduce", &out) < 0)
+	if (outobj != Py_None && coll_tensor(outobj, "allreduce", "allreduce's out=", &out) < 0)
 		goto err;
 	if (check_reducible("allreduce", &in->dl_tensor) < 0)
 		goto err;
@@ -597,7 +600,8 @@ static PyObject *world_broadcast(struct tfabpy_world *self, PyObject *args)
 	if (root < 0 || root >= tfab_world_size(self->w))
 		return PyErr_Format(PyExc_ValueError, "tfab: no root %d in a world of %d", root,
 				    tfab_world_size(self->w));
-	if (coll_tensor(obj, "broadcast", &t) < 0)
+	if (coll_tensor(obj, "broadcast",
+			root == tfab_world_rank(self->w) ? NULL : "broadcast's tensor", &t) < 0)
 		return NULL;
 	co = coll_new(self, callback);
 	if (!co) {
@@ -632,9 +636,10 @@ static PyObject *gather_scatter(struct tfabpy_world *self, PyObject *inobj, PyOb
 	if (!world_usable(self))
 		return NULL;
 	size = (uint64_t)tfab_world_size(self->w);
-	if (coll_tensor(inobj, what, &in) < 0)
+	if (coll_tensor(inobj, what, NULL, &in) < 0)
 		return NULL;
-	if (coll_tensor(outobj, what, &out) < 0)
+	if (coll_tensor(outobj, what, reduce ? "reduce_scatter's out" : "allgather's out", &out) <
+	    0)
 		goto err;
 	if (reduce && check_reducible(what, &in->dl_tensor) < 0)
 		goto err;

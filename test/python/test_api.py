@@ -207,6 +207,46 @@ def test_failures_name_key_step_peer_and_path():
         a.close()
 
 
+class _DLPackOf:
+    """A tensor that exports through __dlpack__ alone (no buffer protocol): a wrapper."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+
+def test_read_only_destinations_refused(pair):
+    # Every out= must be writable: refused before anything is posted, nothing written, and the
+    # tensor left to a later receive into a writable buffer.
+    a, b, pa, pb = pair
+    sent = np.arange(1, 9, dtype=np.uint8)
+    raw = bytes(8)  # what the read-only destinations share: their bytes are checked after
+    ro = np.zeros(8, np.uint8)
+    ro.flags.writeable = False
+    outs = [bytes(8), ro, memoryview(raw), memoryview(bytearray(8)).toreadonly(),
+            _DLPackOf(ro)]
+    for step, out in enumerate(outs):
+        for recv in (lambda: b.recv(pb, "ro", step, out=out, timeout=10),
+                     lambda: b.recv_async(pb, "ro", step, out=out)):
+            with pytest.raises(ValueError, match="out= is read-only") as e:
+                recv()
+            assert "nothing was posted" in str(e.value)
+        a.send("ro", step, sent)
+    time.sleep(0.5)  # the sends had time to land in anything posted
+    assert outs[0] == bytes(8) and raw == bytes(8) and not ro.any()
+    for step in range(len(outs)):
+        ok = bytearray(8)
+        assert b.recv(pb, "ro", step, out=ok, timeout=10) is ok
+        assert bytes(ok) == sent.tobytes()
+    # A source may be read-only.
+    a.send("ro-src", 1, ro)
+    a.send("ro-src", 2, memoryview(raw))
+    assert not np.from_dlpack(b.recv(pb, "ro-src", 1, timeout=10)).any()
+    assert b.recv(pb, "ro-src", 2, timeout=10).numpy().tobytes() == raw
+
+
 def test_gil_released_while_waiting(pair):
     a, b, pa, pb = pair
     ticks = []

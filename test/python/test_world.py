@@ -212,6 +212,24 @@ def test_dtype_refusals_name_the_dtypes():
             w.reduce_scatter(np.zeros(4, np.int64), np.zeros(4, np.int32))
 
 
+def test_world_of_one_read_only_destinations():
+    # What a collective writes must be writable (refused before it starts); what it only
+    # reads may be read-only.
+    ro = np.arange(4, dtype=np.float32)
+    ro.flags.writeable = False
+    with tfabtest.context() as ctx, tfab.World(ctx, rank=0, size=1) as w:
+        for start in (lambda: w.allreduce(ro),
+                      lambda: w.allreduce(np.ones(4, np.float32), out=ro),
+                      lambda: w.allgather(np.ones(4, np.float32), out=ro),
+                      lambda: w.reduce_scatter(np.ones(4, np.float32), out=ro)):
+            with pytest.raises(ValueError, match="read-only"):
+                start()
+        assert w._w.inflight == 0 and ro.tolist() == [0, 1, 2, 3]
+        out = np.zeros(4, np.float32)
+        assert w.allreduce(ro, out=out).result(5) is out and out.tolist() == [0, 1, 2, 3]
+        assert w.broadcast(ro).result(5) is ro  # the root's tensor is only read
+
+
 def test_gpu_tensors_through_host_proxies():
     """A CUDA tensor in a collective goes through host proxies: here a world of one, with
     host memory claiming to be a GPU's (TFAB_CUDA_EMULATE): the input is read and the result
