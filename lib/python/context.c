@@ -232,11 +232,13 @@ static PyObject *context_listen(struct tfabpy_context *c, PyObject *args, PyObje
 
 static PyObject *context_accept(struct tfabpy_context *c, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"timeout_ms", NULL};
-	int timeout_ms = 10000, rc;
+	static char *kwlist[] = {"timeout", NULL};
+	PyObject *timeout = Py_None;
+	int timeout_ms, rc;
 	struct tfab_peer *peer = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|i:accept", kwlist, &timeout_ms))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:accept", kwlist, &timeout) ||
+	    tfabpy_timeout_ms(timeout, INT_MAX / 2, &timeout_ms) < 0)
 		return NULL;
 	ENTER(c);
 	{
@@ -253,13 +255,15 @@ static PyObject *context_accept(struct tfabpy_context *c, PyObject *args, PyObje
 
 static PyObject *context_connect(struct tfabpy_context *c, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"host", "port", "timeout_ms", NULL};
+	static char *kwlist[] = {"host", "port", "timeout", NULL};
+	PyObject *timeout = Py_None;
 	const char *host;
-	int port, timeout_ms = 10000, rc;
+	int port, timeout_ms, rc;
 	struct tfab_peer *peer = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "si|i:connect", kwlist, &host, &port,
-					 &timeout_ms))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "si|O:connect", kwlist, &host, &port,
+					 &timeout) ||
+	    tfabpy_timeout_ms(timeout, INT_MAX / 2, &timeout_ms) < 0)
 		return NULL;
 	if (port <= 0 || port > 65535)
 		return PyErr_Format(PyExc_ValueError, "port %d out of range", port);
@@ -516,6 +520,8 @@ static PyObject *context_send(struct tfabpy_context *c, PyObject *args)
 	if (!PyArg_ParseTuple(args, "OLOpOO:send", &keyobj, &step, &obj, &is_dead, &peerobj,
 			      &callback))
 		return NULL;
+	if (tfabpy_step_arg(step) < 0)
+		return NULL;
 	if (key_arg(keyobj, &key) < 0 || peer_arg(c, peerobj, &peer, false) < 0)
 		return NULL;
 	if (!tfabpy_context_usable(c))
@@ -570,6 +576,8 @@ static PyObject *context_send_strings(struct tfabpy_context *c, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "OLOOpOO:send_strings", &keyobj, &step, &shapeobj, &items,
 			      &is_dead, &peerobj, &callback))
+		return NULL;
+	if (tfabpy_step_arg(step) < 0)
 		return NULL;
 	if (key_arg(keyobj, &key) < 0 || peer_arg(c, peerobj, &peer, false) < 0)
 		return NULL;
@@ -678,23 +686,53 @@ static PyObject *received(struct tfabpy_context *c, DLManagedTensor *t, PyObject
 	return tfabpy_tensor_new(c, t, NULL);
 }
 
-int tfabpy_timeout_ms(PyObject *obj, int none_ms, int *ms_p)
+int tfabpy_timeout_seconds(PyObject *obj, double *s_p)
 {
 	double s;
 
 	if (obj == Py_None) {
-		*ms_p = none_ms;
+		*s_p = -1.0;
 		return 0;
+	}
+	if (!PyNumber_Check(obj) || PyComplex_Check(obj)) {
+		PyErr_Format(PyExc_TypeError,
+			     "tfab: timeout must be a number >= 0 (seconds) or None, got %.200R",
+			     obj);
+		return -1;
 	}
 	s = PyFloat_AsDouble(obj);
 	if (s == -1.0 && PyErr_Occurred())
 		return -1;
-	if (s < 0) {
-		PyErr_SetString(PyExc_ValueError, "tfab: timeout must be >= 0 (seconds) or None");
+	if (!(s >= 0)) { /* NaN too */
+		PyErr_Format(PyExc_ValueError,
+			     "tfab: timeout must be a number >= 0 (seconds) or None, got %.200R",
+			     obj);
 		return -1;
+	}
+	*s_p = s;
+	return 0;
+}
+
+int tfabpy_timeout_ms(PyObject *obj, int none_ms, int *ms_p)
+{
+	double s;
+
+	if (tfabpy_timeout_seconds(obj, &s) < 0)
+		return -1;
+	if (s < 0) {
+		*ms_p = none_ms;
+		return 0;
 	}
 	*ms_p = s * 1000.0 > INT_MAX / 2 ? INT_MAX / 2 : (int)(s * 1000.0 + 0.5);
 	return 0;
+}
+
+int tfabpy_step_arg(long long step)
+{
+	if (step >= 0)
+		return 0;
+	PyErr_Format(PyExc_ValueError, "tfab: step %lld is negative: steps are >= 0", step);
+	return -1;
 }
 
 /* A timeout in seconds, None for none: some 12 days, which is for ever to a receive. */
@@ -724,6 +762,8 @@ static PyObject *context_recv(struct tfabpy_context *c, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "OOLOpO:recv", &peerobj, &keyobj, &step, &out, &any_shape,
 			      &timeout))
+		return NULL;
+	if (tfabpy_step_arg(step) < 0)
 		return NULL;
 	if (peer_arg(c, peerobj, &peer, true) < 0 || key_arg(keyobj, &key) < 0 ||
 	    timeout_arg(timeout, &timeout_ms) < 0)
@@ -803,6 +843,8 @@ static PyObject *context_recv_async(struct tfabpy_context *c, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "OOLOpO:recv_async", &peerobj, &keyobj, &step, &out, &any_shape,
 			      &callback))
+		return NULL;
+	if (tfabpy_step_arg(step) < 0)
 		return NULL;
 	if (peer_arg(c, peerobj, &peer, true) < 0 || key_arg(keyobj, &key) < 0)
 		return NULL;
@@ -887,6 +929,8 @@ static PyObject *context_recv_strings(struct tfabpy_context *c, PyObject *args)
 
 	if (!PyArg_ParseTuple(args, "OOLO:recv_strings", &peerobj, &keyobj, &step, &timeout))
 		return NULL;
+	if (tfabpy_step_arg(step) < 0)
+		return NULL;
 	if (peer_arg(c, peerobj, &peer, true) < 0 || key_arg(keyobj, &key) < 0 ||
 	    timeout_arg(timeout, &timeout_ms) < 0)
 		return NULL;
@@ -936,6 +980,8 @@ static PyObject *context_recv_strings_async(struct tfabpy_context *c, PyObject *
 	struct op *op;
 
 	if (!PyArg_ParseTuple(args, "OOLO:recv_strings_async", &peerobj, &keyobj, &step, &callback))
+		return NULL;
+	if (tfabpy_step_arg(step) < 0)
 		return NULL;
 	if (peer_arg(c, peerobj, &peer, true) < 0 || key_arg(keyobj, &key) < 0)
 		return NULL;
@@ -1009,7 +1055,7 @@ static PyObject *context_step_cleanup(struct tfabpy_context *c, PyObject *arg)
 	long long step = PyLong_AsLongLong(arg);
 	int rc;
 
-	if (step == -1 && PyErr_Occurred())
+	if ((step == -1 && PyErr_Occurred()) || tfabpy_step_arg(step) < 0)
 		return NULL;
 	ENTER(c);
 	{

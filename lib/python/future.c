@@ -139,7 +139,7 @@ static int drive(struct tfabpy_future *f, PyObject *timeout)
 			rc = -1;
 			goto out;
 		}
-		if (seconds < 0)
+		if (seconds < 0) /* concurrent.futures' meaning: do not wait */
 			seconds = 0;
 	}
 	if (tfabpy_progress_wait((struct tfabpy_context *)c, (PyObject *)f, seconds,
@@ -164,6 +164,10 @@ static PyObject *wait_outcome(PyObject *fut, PyObject *args, PyObject *kw, bool 
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &timeout))
 		return NULL;
+	if (timeout != Py_None && PyFloat_Check(timeout) &&
+	    PyFloat_AS_DOUBLE(timeout) != PyFloat_AS_DOUBLE(timeout))
+		return PyErr_Format(PyExc_ValueError,
+				    "tfab: timeout must be a number (seconds) or None, got nan");
 	if (state_is(f->state, finished))
 		return outcome(f, want_exception);
 	if ((drove = drive(f, timeout)) < 0)

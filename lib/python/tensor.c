@@ -128,7 +128,7 @@ static PyObject *tensor_dlpack_device(struct tfabpy_tensor *t, PyObject *unused)
 			     (int)t->m->dl_tensor.device.device_id);
 }
 
-/* NumPy's name of a DLPack dtype, or NULL (bfloat16 has none there). */
+/* The name of a DLPack dtype as NumPy and torch write it ("float32", "bfloat16"), or NULL. */
 static const char *dtype_name(DLDataType d, char *buf, size_t len)
 {
 	const char *kind;
@@ -160,17 +160,24 @@ static const char *dtype_name(DLDataType d, char *buf, size_t len)
 	return buf;
 }
 
+const char *tfabpy_dtype_name(DLDataType d, char *buf, size_t len)
+{
+	const char *name = dtype_name(d, buf, len);
+
+	if (!name) {
+		snprintf(buf, len, "dlpack(%u,%u,%u)", (unsigned)d.code, (unsigned)d.bits,
+			 (unsigned)d.lanes);
+		name = buf;
+	}
+	return name;
+}
+
 static PyObject *tensor_get_dtype(struct tfabpy_tensor *t, void *closure)
 {
 	char buf[32];
-	const char *name = dtype_name(t->m->dl_tensor.dtype, buf, sizeof(buf));
 
 	(void)closure;
-	if (!name)
-		return PyUnicode_FromFormat(
-		    "dlpack(%u,%u,%u)", (unsigned)t->m->dl_tensor.dtype.code,
-		    (unsigned)t->m->dl_tensor.dtype.bits, (unsigned)t->m->dl_tensor.dtype.lanes);
-	return PyUnicode_FromString(name);
+	return PyUnicode_FromString(tfabpy_dtype_name(t->m->dl_tensor.dtype, buf, sizeof(buf)));
 }
 
 static PyObject *tensor_get_shape(struct tfabpy_tensor *t, void *closure)
@@ -405,6 +412,28 @@ static void refuse_read_only(const char *what, PyObject *obj, const char *why)
  * A Py_buffer of obj: writable when want_writable (what, for the error: "out="), else a
  * read-only one may do (a source).
  */
+/* What a buffer format the binding cannot take is, in NumPy's words where it has them. */
+static const char *format_name(const char *format)
+{
+	const char *f = format ? format : "B";
+
+	if (*f == '<' || *f == '>' || *f == '=' || *f == '@' || *f == '|' || *f == '!')
+		f++;
+	if (*f == 'w' || (*f >= '0' && *f <= '9' && strchr(f, 'w')))
+		return "dtype str (NumPy's U: encode it to bytes)";
+	if (*f == 'O')
+		return "dtype object";
+	if (strcmp(f, "g") == 0)
+		return "dtype longdouble";
+	if (strcmp(f, "Zg") == 0)
+		return "dtype clongdouble";
+	if (*f == 'T')
+		return "a structured dtype";
+	if (*f == 's' || (*f >= '0' && *f <= '9' && strchr(f, 's')))
+		return "dtype bytes (NumPy's S: send it as a string tensor)";
+	return "this dtype";
+}
+
 static int import_buffer(PyObject *obj, const char *what, bool want_writable, DLManagedTensor **m_p)
 {
 	struct buffer_tensor *b;
@@ -431,8 +460,10 @@ static int import_buffer(PyObject *obj, const char *what, bool want_writable, DL
 	}
 	b->view = view;
 	if (buffer_dtype(&view, &b->m.dl_tensor.dtype) < 0) {
-		PyErr_Format(PyExc_TypeError, "tfab: dtype of format '%s' has no DLPack equivalent",
-			     view.format ? view.format : "?");
+		PyErr_Format(PyExc_TypeError,
+			     "tfab: %s has no DLPack equivalent (buffer format '%s'): it cannot be "
+			     "sent or received",
+			     format_name(view.format), view.format ? view.format : "B");
 		PyBuffer_Release(&b->view);
 		free(b);
 		return -1;

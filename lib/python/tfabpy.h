@@ -82,6 +82,8 @@ PyObject *tfabpy_tensor_new(struct tfabpy_context *owner, DLManagedTensor *m, Py
  * ValueError otherwise: bytes, a read-only array or memoryview). -1 with an exception set.
  */
 int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p);
+/* A dtype's name as users write it ("int8", "bfloat16"; else "dlpack(code,bits,lanes)"). */
+const char *tfabpy_dtype_name(DLDataType d, char *buf, size_t len);
 /* Whether t is compact row-major (strides NULL or those of its shape). */
 bool tfabpy_is_compact(const DLTensor *t);
 
@@ -117,7 +119,14 @@ int tfabpy_future_init(PyObject *module);
  */
 int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *fut, double timeout, int yield_idle);
 
-/* A timeout argument in seconds (None: none_ms) as milliseconds; -1 with an exception set. */
+/*
+ * A timeout argument in seconds: a number >= 0 (*s_p), or None (*s_p = -1); NaN, a negative
+ * number or anything else raise (ValueError, TypeError) naming what was given. 0 or -1.
+ */
+int tfabpy_timeout_seconds(PyObject *obj, double *s_p);
+/* The same as milliseconds (None: none_ms; long ones capped at INT_MAX / 2). */
 int tfabpy_timeout_ms(PyObject *obj, int none_ms, int *ms_p);
+/* A step from Python: >= 0 (the library's negative steps are its own); ValueError else. */
+int tfabpy_step_arg(long long step);
 
 #endif

@@ -247,6 +247,55 @@ def test_read_only_destinations_refused(pair):
     assert b.recv(pb, "ro-src", 2, timeout=10).numpy().tobytes() == raw
 
 
+def test_bad_timeouts_steps_and_dtypes_refused(pair):
+    a, b, pa, pb = pair
+    nan = float("nan")
+    calls = {"recv": lambda t: b.recv(pb, "x", 1, timeout=t),
+             "recv_strings": lambda t: b.recv_strings(pb, "x", 1, timeout=t),
+             "flush": lambda t: a.flush(t),
+             "accept": lambda t: b.accept(t),
+             "connect": lambda t: b.connect("127.0.0.1", 1, t)}
+    for name, call in calls.items():
+        for bad in (nan, -1, -0.5):
+            with pytest.raises(ValueError, match=r"timeout must be a number >= 0 \(seconds\) "
+                               r"or None, got %s" % bad) as e:
+                call(bad)
+            assert not isinstance(e.value, tfab.Error), name
+        with pytest.raises(TypeError, match="timeout must be a number"):
+            call("1")
+    with pytest.raises(ValueError, match="got nan"):
+        b.recv_async(pb, "x", 1).result(nan)
+    b.step_cleanup(1)
+    # Steps are >= 0 (the library's negative ones are the world's).
+    for call in (lambda: a.send("x", -1, np.zeros(2)),
+                 lambda: a.send("x", -2, [b"s"]),
+                 lambda: b.recv(pb, "x", -1, timeout=1),
+                 lambda: b.recv_async(pb, "x", -1),
+                 lambda: b.recv_strings(pb, "x", -1, timeout=1),
+                 lambda: b.recv_strings_async(pb, "x", -1),
+                 lambda: b.step_cleanup(-1)):
+        with pytest.raises(ValueError, match=r"step -\d is negative: steps are >= 0"):
+            call()
+    # Strings are bytes: an object array (or a list) of anything else is refused, not sent
+    # as the bytes() of its elements.
+    with pytest.raises(TypeError, match="dtype object .* element 1 is int"):
+        a.send("x", 1, np.array([b"s", 1], dtype=object))
+    with pytest.raises(TypeError, match="list .* element 0 is int"):
+        a.send("x", 1, [1, 2])
+    with pytest.raises(TypeError, match="dtype <U2 cannot be sent: encode"):
+        a.send("x", 1, np.array(["ab"]))
+    with pytest.raises(TypeError, match=r"dtype datetime64\[s\] cannot be sent"):
+        a.send("x", 1, np.array([1], dtype="datetime64[s]"))
+    # Nothing of those was sent: a receive finds nothing.
+    with pytest.raises(tfab.TimeoutError):
+        b.recv(pb, "x", 1, timeout=0.3)
+    # dtypes by the names users write.
+    a.send("dt", 1, np.zeros(3, np.float32))
+    with pytest.raises(tfab.OutMismatchError, match="dtype int32 is not the tensor's float32"):
+        b.recv(pb, "dt", 1, out=np.zeros(3, np.int32), timeout=10)
+    assert np.from_dlpack(b.recv(pb, "dt", 1, timeout=10)).dtype == np.float32
+
+
 def test_gil_released_while_waiting(pair):
     a, b, pa, pb = pair
     ticks = []

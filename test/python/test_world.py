@@ -230,6 +230,25 @@ def test_world_of_one_read_only_destinations():
         assert w.broadcast(ro).result(5) is ro  # the root's tensor is only read
 
 
+def test_world_of_one_bad_arguments_named():
+    with tfabtest.context() as ctx:
+        with pytest.raises(ValueError, match="timeout must be a number >= 0 .* got nan"):
+            tfab.World(ctx, rank=0, size=1, timeout=float("nan"))
+        with tfab.World(ctx, rank=0, size=1) as w:
+            with pytest.raises(TypeError, match="int64 tensors, not int8"):
+                w.allreduce(np.ones(4, np.int8))
+            with pytest.raises(TypeError, match="allreduce's out is int32, its input float32"):
+                w.allreduce(np.ones(4, np.float32), out=np.ones(4, np.int32))
+            with pytest.raises(TypeError, match="allgather's out is float64, its input int32"):
+                w.allgather(np.ones(4, np.int32), out=np.ones(4, np.float64))
+            for bad in (float("nan"), -1):
+                with pytest.raises(ValueError, match="timeout must be a number >= 0"):
+                    w.wait(bad)
+                with pytest.raises(ValueError, match="timeout must be a number >= 0"):
+                    w.leave(bad)
+            assert w.joined
+
+
 def test_gpu_tensors_through_host_proxies():
     """A CUDA tensor in a collective goes through host proxies: here a world of one, with
     host memory claiming to be a GPU's (TFAB_CUDA_EMULATE): the input is read and the result

@@ -131,6 +131,18 @@ class Future(_tfab.FutureBase, _cf.Future):
 
 
 
+def _string_items(items, what):
+    """The elements of a string tensor, each bytes (bytearray and NumPy's bytes_ too)."""
+    out = []
+    for i, x in enumerate(items):
+        if not isinstance(x, (bytes, bytearray)):
+            raise TypeError("tfab: %s is sent as a string tensor, whose elements are bytes: "
+                            "element %d is %s (encode str to bytes; numbers need a numeric "
+                            "dtype, such as int64 or float32)" % (what, i, type(x).__name__))
+        out.append(bytes(x))
+    return out
+
+
 def _strings_of(tensor):
     """(shape, flat list of bytes) when tensor is a string tensor, else None."""
     if isinstance(tensor, (bytes, bytearray)):
@@ -139,13 +151,18 @@ def _strings_of(tensor):
         try:
             import numpy
         except ImportError:
-            return (len(tensor),), list(tensor)
+            return (len(tensor),), _string_items(tensor, "a list")
         arr = numpy.array(tensor, dtype=object)
-        return arr.shape, [bytes(x) for x in arr.reshape(-1)]
+        return arr.shape, _string_items(arr.reshape(-1), "a list")
     dtype = getattr(tensor, "dtype", None)
     kind = getattr(dtype, "kind", None)
     if kind in ("O", "S") and hasattr(tensor, "reshape"):
-        return tuple(tensor.shape), [bytes(x) for x in tensor.reshape(-1)]
+        return tuple(tensor.shape), _string_items(tensor.reshape(-1),
+                                                  "an array of dtype %s" % (dtype,))
+    if kind in ("U", "V", "M", "m") and hasattr(tensor, "reshape"):
+        raise TypeError("tfab: dtype %s cannot be sent%s" % (
+            dtype, ": encode the strings to bytes (dtype S, or object holding bytes)"
+            if kind == "U" else " (DLPack has no such type)"))
     return None
 
 
@@ -227,11 +244,11 @@ class Context:
 
     def accept(self, timeout: float = 10.0) -> Peer:
         """Accept one peer that called connect(), within timeout seconds."""
-        return self._c.accept(int(timeout * 1000))
+        return self._c.accept(timeout)
 
     def connect(self, host: str, port: int, timeout: float = 10.0) -> Peer:
         """Connect to a listening context at host:port, within timeout seconds."""
-        return self._c.connect(host, port, int(timeout * 1000))
+        return self._c.connect(host, port, timeout)
 
     def peer(self) -> Peer:
         """A peer to connect through blobs moved by other means: send ``peer.blob()`` to the
@@ -257,7 +274,7 @@ class Context:
         tensor (bytes, a list or an object/bytes array of bytes). ``peer``: only that peer's
         receives take it. ``is_dead`` with ``tensor=None`` sends a dead tensor."""
         fut = Future(self)
-        if type(tensor) is _ndarray and tensor.dtype.kind not in "OSUV":
+        if type(tensor) is _ndarray and tensor.dtype.kind not in "OSUVMm":
             # a NumPy array of numbers: no string tensor, no torch bool to bridge
             self._c.send(key, step, tensor, is_dead, peer, fut)
             return fut
@@ -373,12 +390,28 @@ def _choice(table, value, what):
         raise ValueError("tfab: %s is one of %s, not %r" % (what, names, value)) from None
 
 
-def _timeout_ms(timeout):
+def _seconds(timeout):
+    """A timeout argument: None, or a number of seconds >= 0 (as a float)."""
     if timeout is None:
+        return None
+    try:
+        s = float(timeout)
+    except (TypeError, ValueError):
+        s = None
+    if s is None or isinstance(timeout, (str, bytes, complex)):
+        raise TypeError("tfab: timeout must be a number >= 0 (seconds) or None, got %r"
+                        % (timeout,))
+    if not s >= 0:  # NaN too
+        raise ValueError("tfab: timeout must be a number >= 0 (seconds) or None, got %r"
+                         % (timeout,))
+    return s
+
+
+def _timeout_ms(timeout):
+    s = _seconds(timeout)
+    if s is None:
         return -1
-    if timeout < 0:
-        raise ValueError("tfab: timeout must be >= 0 (seconds) or None")
-    return int(min(timeout * 1000.0 + 0.5, 2 ** 30))
+    return int(min(s * 1000.0 + 0.5, 2 ** 30))
 
 
 def _is_torch(tensor):

@@ -94,6 +94,27 @@ _BY_CODE = {
 }
 
 
+_DL_KINDS = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex"}
+
+
+def _dtype_name(code: int, bits: int, lanes: int) -> str:
+    """A DLPack dtype as users write it: 'float32', 'bfloat16', 'bool'."""
+    if code == 6 and bits == 8 and lanes == 1:
+        return "bool"
+    if code in _DL_KINDS and lanes == 1:
+        return "%s%d" % (_DL_KINDS[code], bits)
+    return "dlpack(%d,%d,%d)" % (code, bits, lanes)
+
+
+def _dtype_words(text: str) -> str:
+    """The library's message with its DLPack dtype triples "(2,32,1)" named ("float32")."""
+    if "dtype" not in text:
+        return text
+    import re
+    return re.sub(r"\((\d+),(\d+),(\d+)\)",
+                  lambda m: _dtype_name(*(int(g) for g in m.groups())), text)
+
+
 def _from_status(status: int, what: str = "", logged: str = "") -> Error:
     """The exception for a failed call: the C module raises what this returns."""
     from . import _tfab
@@ -106,5 +127,5 @@ def _from_status(status: int, what: str = "", logged: str = "") -> Error:
     if what:
         text = "%s: %s" % (what, text)
     if logged:
-        text = "%s (%s)" % (text, logged)
+        text = "%s (%s)" % (text, _dtype_words(logged))
     return cls(status, text)
