@@ -73,9 +73,13 @@ TFAB_EXPORT int tfab_progress(struct tfab_context *ctx);
 /* Listen for peers on host (NULL: any) and port (0: any); the bound port goes to *port_p. */
 TFAB_EXPORT int tfab_listen(struct tfab_context *ctx, const char *host, uint16_t port,
 			    uint16_t *port_p);
-/* Accept one peer that called tfab_connect, within timeout_ms. */
+/*
+ * Accept one peer that called tfab_connect, within timeout_ms (which bounds each step of the
+ * bootstrap too). A signal does not end the wait: an interrupted system call is retried, and
+ * -EINTR is never returned; a caller that must react to signals runs it on another thread.
+ */
 TFAB_EXPORT int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **peer_p);
-/* Connect to a listening context at host:port, within timeout_ms. */
+/* Connect to a listening context at host:port, within timeout_ms; signals as tfab_accept. */
 TFAB_EXPORT int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port,
 			     int timeout_ms, struct tfab_peer **peer_p);
 
@@ -150,6 +154,8 @@ TFAB_EXPORT int tfab_send_to(struct tfab_context *ctx, struct tfab_peer *peer, c
  * the library any more: then a producer may free its tensors and leave. 0, or -ETIMEDOUT.
  * Their callbacks have been queued; they run before this returns unless another thread is
  * running the context's callbacks. Not from a send callback of this context (-EDEADLK).
+ * A signal does not end the wait (-EINTR is never returned): a caller that must react to
+ * signals calls it with short timeouts, again until it returns 0.
  */
 TFAB_EXPORT int tfab_flush(struct tfab_context *ctx, int timeout_ms);
 
@@ -208,7 +214,11 @@ TFAB_EXPORT int tfab_recv_ahead(struct tfab_context *ctx, struct tfab_peer *peer
  * get (with dest, a view of it); with tensor_p NULL the library releases it. It may be called
  * in a callback, on the progress thread too. With dest, giving up returns when cb would be
  * called (above): after timeout_ms, by as long as the sender takes to read the cancel, since
- * dest is never handed back while the sender may write into it.
+ * dest is never handed back while the sender may write into it. A signal does not end the
+ * wait (-EINTR is never returned). Short timeouts in a loop are no way to watch for signals:
+ * each one that ends cancels the receive, and a tensor whose content takes longer than it to
+ * land is written again each time. Wait for tfab_recv's callback with tfab_progress in short
+ * calls instead (an asynchronous receive ends by its callback, a step cleanup or an abort).
  */
 TFAB_EXPORT int tfab_recv_sync(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 			       int64_t step_id, DLTensor *dest, int timeout_ms,

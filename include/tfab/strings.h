@@ -71,7 +71,7 @@ typedef void (*tfab_recv_strings_cb)(void *arg, int status, struct tfab_string_t
 TFAB_EXPORT int tfab_recv_strings(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
 				  int64_t step_id, tfab_recv_strings_cb cb, void *arg);
 
-/* The blocking form: waits at most timeout_ms, as tfab_recv_sync. */
+/* The blocking form: waits at most timeout_ms, as tfab_recv_sync (signals as there too). */
 TFAB_EXPORT int tfab_recv_strings_sync(struct tfab_context *ctx, struct tfab_peer *peer,
 				       const char *key, int64_t step_id, int timeout_ms,
 				       struct tfab_string_tensor **tensor_p, bool *is_dead_p);

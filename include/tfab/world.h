@@ -51,7 +51,9 @@ struct tfab_world_args {
  * rank that arrived twice, or with another size), -TFAB_ERR_CONFIG (no rank or size given, or
  * a bad one), or the status of the connection that failed. args NULL: all from the
  * environment. The context listens for the world's connections: a context has one world, and
- * the application does not tfab_listen on it.
+ * the application does not tfab_listen on it. A signal does not end the join (-EINTR is never
+ * returned: interrupted system calls are retried); a caller that must react to signals runs it
+ * on another thread.
  */
 TFAB_EXPORT int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args,
 				struct tfab_world **world_p);
@@ -138,7 +140,9 @@ TFAB_EXPORT int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg);
 /*
  * Drives progress (unless the progress thread does) until every collective of the world
  * started before the call has called back: 0, or -ETIMEDOUT after timeout_ms (< 0: no
- * bound). Not from a callback of the world's context (-EDEADLK).
+ * bound). Not from a callback of the world's context (-EDEADLK). A signal does not end the
+ * wait (-EINTR is never returned): a caller that must react to signals calls it with short
+ * timeouts, again until it returns 0.
  */
 TFAB_EXPORT int tfab_world_wait(struct tfab_world *w, int timeout_ms);
 

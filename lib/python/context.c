@@ -121,6 +121,7 @@ static int context_init(struct tfabpy_context *c, PyObject *args, PyObject *kw)
 	}
 	c->ctx = ctx;
 	c->closed = false;
+	tfabpy_link_init(&c->sends);
 	/* The setting as the library read it: the environment's, unless given here. */
 	{
 		const char *pt = getenv("TFAB_PROGRESS_THREAD");
@@ -317,12 +318,30 @@ static PyObject *context_progress(struct tfabpy_context *c, PyObject *unused)
 	return PyLong_FromLong(rc);
 }
 
-static uint64_t mono_ns(void)
+uint64_t tfabpy_now_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t tfabpy_deadline(double s)
+{
+	/* past some 30 years: for ever */
+	if (s < 0 || s > 1e9)
+		return UINT64_MAX;
+	return tfabpy_now_ns() + (uint64_t)(s * 1e9);
+}
+
+int tfabpy_slice_ms(uint64_t deadline)
+{
+	uint64_t now = tfabpy_now_ns(), left;
+
+	if (now >= deadline)
+		return 0;
+	left = (deadline - now + 999999) / 1000000;
+	return left < TFABPY_SLICE_MS ? (int)left : TFABPY_SLICE_MS;
 }
 
 /*
@@ -336,13 +355,13 @@ static uint64_t mono_ns(void)
 #define IDLE_CHECK 256
 int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double timeout, int yield_idle)
 {
-	uint64_t deadline = timeout < 0 ? UINT64_MAX : mono_ns() + (uint64_t)(timeout * 1e9);
+	uint64_t deadline = tfabpy_deadline(timeout);
 	int rc = 0;
 	bool done;
 
 	for (;;) {
 		done = tfabpy_future_done(future);
-		if (done || mono_ns() >= deadline)
+		if (done || tfabpy_now_ns() >= deadline)
 			return done;
 		if (!tfabpy_context_usable(c))
 			return -1;
@@ -350,11 +369,15 @@ int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double time
 		tfabpy_clear_last_error();
 		{
 			PyThreadState *ts = PyEval_SaveThread();
+			/* yielding polls may take long on busy cores: the signals wait no slice */
+			uint64_t until = tfabpy_now_ns() + (uint64_t)TFABPY_SLICE_MS * 500000;
 
 			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++) {
 				rc = tfab_progress(c->ctx);
 				if (rc == 0 && yield_idle)
 					sched_yield();
+				if ((i & 15) == 15 && tfabpy_now_ns() >= until)
+					break;
 			}
 			PyEval_RestoreThread(ts);
 		}
@@ -427,6 +450,7 @@ struct op {
 	DLManagedTensor *tensor; /* a send's source, a receive's out= */
 	PyObject *out;
 	char what[128]; /* its failure's words: "recv of 'k' step 3" */
+	struct tfabpy_link link; /* a send's, in owner->sends */
 };
 
 /* What an operation is, for its exception: "send of 'k' step 3". */
@@ -457,6 +481,7 @@ static struct op *op_new(struct tfabpy_context *c, PyObject *callback, DLManaged
 /* With the GIL. */
 static void op_free(struct op *op)
 {
+	tfabpy_link_del(&op->link);
 	if (op->tensor && op->tensor->deleter)
 		op->tensor->deleter(op->tensor);
 	Py_XDECREF(op->out);
@@ -540,6 +565,7 @@ static PyObject *context_send(struct tfabpy_context *c, PyObject *args)
 		return NULL;
 	}
 	op_what(op->what, sizeof(op->what), "send", key, step);
+	tfabpy_link_add(&c->sends, &op->link, ++c->sends_seq);
 	ENTER(c);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
@@ -626,6 +652,7 @@ static PyObject *context_send_strings(struct tfabpy_context *c, PyObject *args)
 	if (!op)
 		goto out;
 	op_what(op->what, sizeof(op->what), "send_strings", key, step);
+	tfabpy_link_add(&c->sends, &op->link, ++c->sends_seq);
 	/* Serialized before the call returns: the bytes objects are not needed after. */
 	ENTER(c);
 	{
@@ -1030,24 +1057,40 @@ static PyObject *context_recv_ahead(struct tfabpy_context *c, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/*
+ * Waits until the sends posted before the call have ended, in slices of the library's flush:
+ * each slice returns to run the signal handlers (Ctrl-C), and the wait ends when the library
+ * flushed all it had, or when none of those sends is left (sends posted since do not count).
+ */
 static PyObject *context_flush(struct tfabpy_context *c, PyObject *args)
 {
 	PyObject *timeout = Py_None;
-	int timeout_ms, rc;
+	uint64_t deadline, seq = c->sends_seq;
+	double seconds;
+	int rc;
 
-	if (!PyArg_ParseTuple(args, "|O:flush", &timeout) || timeout_arg(timeout, &timeout_ms) < 0)
+	if (!PyArg_ParseTuple(args, "|O:flush", &timeout) ||
+	    tfabpy_timeout_seconds(timeout, &seconds) < 0)
 		return NULL;
-	ENTER(c);
-	{
-		PyThreadState *ts = PyEval_SaveThread();
+	deadline = tfabpy_deadline(seconds);
+	for (;;) {
+		int slice = tfabpy_slice_ms(deadline);
 
-		rc = tfab_flush(c->ctx, timeout_ms);
-		PyEval_RestoreThread(ts);
+		ENTER(c);
+		{
+			PyThreadState *ts = PyEval_SaveThread();
+
+			rc = tfab_flush(c->ctx, slice);
+			PyEval_RestoreThread(ts);
+		}
+		LEAVE(c);
+		if (rc == 0 || (rc == -ETIMEDOUT && !tfabpy_link_pending(&c->sends, seq)))
+			Py_RETURN_NONE;
+		if (rc != -ETIMEDOUT || tfabpy_now_ns() >= deadline)
+			return tfabpy_raise(rc, "flush");
+		if (PyErr_CheckSignals() < 0)
+			return NULL;
 	}
-	LEAVE(c);
-	if (rc)
-		return tfabpy_raise(rc, "flush");
-	Py_RETURN_NONE;
 }
 
 static PyObject *context_step_cleanup(struct tfabpy_context *c, PyObject *arg)
@@ -1330,6 +1373,13 @@ static PyObject *peer_get_fabric(struct tfabpy_peer *p, void *closure)
 	return Py_BuildValue("(sss)", backend, fabric, domain);
 }
 
+/* The library's peer as a number: one peer's Peer objects (World.peer makes new ones) share it. */
+static PyObject *peer_get_id(struct tfabpy_peer *p, void *closure)
+{
+	(void)closure;
+	return PyLong_FromVoidPtr(p->peer);
+}
+
 static PyObject *peer_get_context(struct tfabpy_peer *p, void *closure)
 {
 	(void)closure;
@@ -1354,6 +1404,7 @@ static PyGetSetDef peer_getset[] = {
      "0 while the peer works, else the (negative) status its operations fail with.", NULL},
     {"fabric", (getter)peer_get_fabric, NULL, "(backend, fabric, domain) of its path.", NULL},
     {"_context", (getter)peer_get_context, NULL, NULL, NULL},
+    {"_id", (getter)peer_get_id, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -154,6 +154,42 @@ out:
 	return rc;
 }
 
+/*
+ * The base class's wait, in slices of TFABPY_SLICE_MS: a signal that another thread took (the
+ * progress thread's) wakes no wait, so the signal handlers (Ctrl-C) run between slices.
+ */
+static PyObject *base_wait(PyObject *fut, PyObject *timeout, bool want_exception)
+{
+	PyObject *base = want_exception ? base_exception : base_result;
+	double seconds = -1.0;
+	uint64_t deadline;
+
+	if (timeout != Py_None) {
+		seconds = PyFloat_AsDouble(timeout);
+		if (seconds == -1.0 && PyErr_Occurred())
+			return NULL;
+		if (seconds < 0) /* concurrent.futures' meaning: do not wait */
+			seconds = 0;
+	}
+	deadline = tfabpy_deadline(seconds);
+	for (;;) {
+		int slice = tfabpy_slice_ms(deadline);
+		PyObject *t = PyFloat_FromDouble(slice / 1000.0), *r;
+
+		if (!t)
+			return NULL;
+		r = PyObject_CallFunctionObjArgs(base, fut, t, NULL);
+		Py_DECREF(t);
+		/* a finished future's own TimeoutError is its outcome, not the wait's end */
+		if (r || !PyErr_ExceptionMatches(PyExc_TimeoutError) ||
+		    done_state(FUT(fut)->state) || tfabpy_now_ns() >= deadline)
+			return r;
+		PyErr_Clear();
+		if (PyErr_CheckSignals() < 0)
+			return NULL;
+	}
+}
+
 /* result() and exception(): concurrent.futures' meaning, with the wait driving progress. */
 static PyObject *wait_outcome(PyObject *fut, PyObject *args, PyObject *kw, bool want_exception)
 {
@@ -174,8 +210,10 @@ static PyObject *wait_outcome(PyObject *fut, PyObject *args, PyObject *kw, bool 
 		return NULL;
 	if (state_is(f->state, finished))
 		return outcome(f, want_exception);
-	/* cancelled, timed out or to be completed elsewhere: the base class says */
-	t = drove ? PyFloat_FromDouble(0.0) : (Py_INCREF(timeout), timeout);
+	if (!drove)
+		return base_wait(fut, timeout, want_exception);
+	/* cancelled or timed out while driving: the base class says */
+	t = PyFloat_FromDouble(0.0);
 	if (!t)
 		return NULL;
 	r = PyObject_CallFunctionObjArgs(want_exception ? base_exception : base_result, fut, t,

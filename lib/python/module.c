@@ -134,6 +134,8 @@ static PyMethodDef module_methods[] = {
     {"version", py_version, METH_NOARGS, "version() -> str: the C library's version."},
     {"settings", py_settings, METH_NOARGS,
      "settings() -> list of (name, default, help): every TFAB_* setting."},
+    {"copy_into", tfabpy_copy_into, METH_VARARGS,
+     "copy_into(dst, src): src's content into dst, of the same dtype and shape, on the CPU."},
     {NULL, NULL, 0, NULL},
 };
 

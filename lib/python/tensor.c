@@ -574,3 +574,53 @@ int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p)
 	*m_p = m;
 	return 0;
 }
+
+/*
+ * copy_into(dst, src): src's content into dst, of the same dtype and shape, both on the CPU:
+ * for a receive into out= that finds its tensor taken by an earlier receive, interrupted, into
+ * another array. Nothing is written unless all fits.
+ */
+PyObject *tfabpy_copy_into(PyObject *self, PyObject *args)
+{
+	PyObject *dstobj, *srcobj;
+	DLManagedTensor *dst = NULL, *src = NULL;
+	const DLTensor *d, *s;
+	PyObject *res = NULL;
+	char a[32], b[32];
+
+	(void)self;
+	if (!PyArg_ParseTuple(args, "OO:copy_into", &dstobj, &srcobj))
+		return NULL;
+	if (tfabpy_dlpack_import(dstobj, "out=", &dst) < 0 ||
+	    tfabpy_dlpack_import(srcobj, NULL, &src) < 0)
+		goto out;
+	d = &dst->dl_tensor;
+	s = &src->dl_tensor;
+	if (d->dtype.code != s->dtype.code || d->dtype.bits != s->dtype.bits ||
+	    d->dtype.lanes != s->dtype.lanes || d->ndim != s->ndim ||
+	    (d->ndim && memcmp(d->shape, s->shape, sizeof(int64_t) * (size_t)d->ndim))) {
+		PyErr_Format(
+		    PyExc_ValueError,
+		    "tfab: out= (%s, %d dimensions) does not take the tensor received (%s, "
+		    "%d dimensions)",
+		    tfabpy_dtype_name(d->dtype, a, sizeof(a)), d->ndim,
+		    tfabpy_dtype_name(s->dtype, b, sizeof(b)), s->ndim);
+		goto out;
+	}
+	if (d->device.device_type != kDLCPU || s->device.device_type != kDLCPU ||
+	    !tfabpy_is_compact(d) || !tfabpy_is_compact(s)) {
+		PyErr_SetString(PyExc_ValueError,
+				"tfab: out= must be contiguous and on the CPU to take a copy");
+		goto out;
+	}
+	memcpy((char *)d->data + d->byte_offset, (const char *)s->data + s->byte_offset,
+	       (size_t)tensor_nbytes(s));
+	res = Py_None;
+	Py_INCREF(res);
+out:
+	if (dst)
+		dst->deleter(dst);
+	if (src)
+		src->deleter(src);
+	return res;
+}

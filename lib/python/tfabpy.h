@@ -15,6 +15,51 @@
 
 struct tfabpy_world;
 
+/*
+ * How long a blocking call from Python waits inside the library at most before it takes the
+ * GIL back to run the signal handlers (PyErr_CheckSignals: Ctrl-C), in milliseconds.
+ */
+#define TFABPY_SLICE_MS 100
+
+/*
+ * Operations in flight in the order they started (a send's, a collective's): a wait for those
+ * started before it (flush, World.wait) is called in slices, and ends when none of them is
+ * left, whatever started since. Under the GIL.
+ */
+struct tfabpy_link {
+	struct tfabpy_link *prev, *next; /* NULL: not linked */
+	uint64_t seq;
+};
+
+static inline void tfabpy_link_init(struct tfabpy_link *head)
+{
+	head->prev = head->next = head;
+}
+
+static inline void tfabpy_link_add(struct tfabpy_link *head, struct tfabpy_link *l, uint64_t seq)
+{
+	l->seq = seq;
+	l->prev = head->prev;
+	l->next = head;
+	head->prev->next = l;
+	head->prev = l;
+}
+
+static inline void tfabpy_link_del(struct tfabpy_link *l)
+{
+	if (!l->next)
+		return;
+	l->prev->next = l->next;
+	l->next->prev = l->prev;
+	l->prev = l->next = NULL;
+}
+
+/* Whether an operation of sequence number seq or below is still in flight. */
+static inline bool tfabpy_link_pending(const struct tfabpy_link *head, uint64_t seq)
+{
+	return head->next != head && head->next->seq <= seq;
+}
+
 struct tfabpy_context {
 	PyObject_HEAD struct tfab_context *ctx;
 	/* close() was called: every later call fails; destroyed when the last user is gone. */
@@ -31,6 +76,9 @@ struct tfabpy_context {
 	 */
 	struct tfab_world *world;
 	struct tfabpy_world *world_obj;
+	/* Sends in flight, for flush (sends_seq: the last one's number). */
+	struct tfabpy_link sends;
+	uint64_t sends_seq;
 };
 
 struct tfabpy_peer {
@@ -46,6 +94,8 @@ struct tfabpy_world {
 	long inflight;	      /* collectives started that have not called back */
 	long busy;	      /* calls inside the library with the GIL released */
 	PyObject *weakrefs;
+	struct tfabpy_link colls; /* those collectives, for wait (colls_seq: the last one's) */
+	uint64_t colls_seq;
 };
 
 /* A received tensor: the library's DLManagedTensor, returned to the pool at the last view. */
@@ -84,6 +134,8 @@ PyObject *tfabpy_tensor_new(struct tfabpy_context *owner, DLManagedTensor *m, Py
 int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p);
 /* A dtype's name as users write it ("int8", "bfloat16"; else "dlpack(code,bits,lanes)"). */
 const char *tfabpy_dtype_name(DLDataType d, char *buf, size_t len);
+/* _tfab.copy_into(dst, src): src's bytes into dst, of the same dtype and shape, on the CPU. */
+PyObject *tfabpy_copy_into(PyObject *self, PyObject *args);
 /* Whether t is compact row-major (strides NULL or those of its shape). */
 bool tfabpy_is_compact(const DLTensor *t);
 
@@ -118,6 +170,15 @@ int tfabpy_future_init(PyObject *module);
  * with an exception set.
  */
 int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *fut, double timeout, int yield_idle);
+
+/* Monotonic nanoseconds. */
+uint64_t tfabpy_now_ns(void);
+/*
+ * The deadline of a timeout of s seconds (< 0: none, UINT64_MAX), and the milliseconds left
+ * to it for the next call into the library: at most TFABPY_SLICE_MS.
+ */
+uint64_t tfabpy_deadline(double s);
+int tfabpy_slice_ms(uint64_t deadline);
 
 /*
  * A timeout argument in seconds: a number >= 0 (*s_p), or None (*s_p = -1); NaN, a negative

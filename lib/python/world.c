@@ -220,6 +220,7 @@ static int world_init(struct tfabpy_world *self, PyObject *args, PyObject *kw)
 	self->owner = c;
 	Py_INCREF(c);
 	self->w = w;
+	tfabpy_link_init(&self->colls);
 	c->world = w;
 	c->world_obj = self;
 	return 0;
@@ -245,27 +246,51 @@ static void world_dealloc(struct tfabpy_world *self)
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* A timeout in seconds, None for none (-1: the world's waits take that as no bound). */
-static int timeout_ms_of(PyObject *obj, int *ms_p)
+/*
+ * tfab_world_wait in slices, each returning to run the signal handlers (Ctrl-C): 0 once the
+ * collectives started before the call (those of sequence number seq or below) have called
+ * back, or when the library found none in flight at all (leave's wait: all); else the
+ * library's status, or -ETIMEDOUT at the deadline. -EINTR with an exception set.
+ */
+static int wait_sliced(struct tfabpy_world *self, uint64_t seq, bool all, uint64_t deadline)
 {
-	return tfabpy_timeout_ms(obj, -1, ms_p);
+	int rc;
+
+	for (;;) {
+		int slice = tfabpy_slice_ms(deadline);
+
+		if (!world_usable(self))
+			return -EINTR;
+		BUSY(self);
+		{
+			PyThreadState *ts = PyEval_SaveThread();
+
+			rc = tfab_world_wait(self->w, slice);
+			PyEval_RestoreThread(ts);
+		}
+		LEAVE(self);
+		if (rc == 0 ||
+		    (rc == -ETIMEDOUT && !all && !tfabpy_link_pending(&self->colls, seq)))
+			return 0;
+		if (rc != -ETIMEDOUT || tfabpy_now_ns() >= deadline)
+			return rc;
+		if (PyErr_CheckSignals() < 0)
+			return -EINTR;
+	}
 }
 
 static PyObject *world_wait(struct tfabpy_world *self, PyObject *args)
 {
 	PyObject *timeout = Py_None;
-	int ms, rc;
+	double seconds;
+	int rc;
 
-	if (!PyArg_ParseTuple(args, "|O:wait", &timeout) || timeout_ms_of(timeout, &ms) < 0)
+	if (!PyArg_ParseTuple(args, "|O:wait", &timeout) ||
+	    tfabpy_timeout_seconds(timeout, &seconds) < 0)
 		return NULL;
-	ENTER(self);
-	{
-		PyThreadState *ts = PyEval_SaveThread();
-
-		rc = tfab_world_wait(self->w, ms);
-		PyEval_RestoreThread(ts);
-	}
-	LEAVE(self);
+	rc = wait_sliced(self, self->colls_seq, false, tfabpy_deadline(seconds));
+	if (rc == -EINTR)
+		return NULL;
 	if (rc)
 		return tfabpy_raise(rc, "waiting for the world's collectives");
 	Py_RETURN_NONE;
@@ -275,9 +300,11 @@ static PyObject *world_leave(struct tfabpy_world *self, PyObject *args)
 {
 	PyObject *timeout = Py_None;
 	struct tfabpy_context *c = self->owner;
-	int ms, rc;
+	double seconds;
+	int rc;
 
-	if (!PyArg_ParseTuple(args, "|O:leave", &timeout) || timeout_ms_of(timeout, &ms) < 0)
+	if (!PyArg_ParseTuple(args, "|O:leave", &timeout) ||
+	    tfabpy_timeout_seconds(timeout, &seconds) < 0)
 		return NULL;
 	if (!self->w || !c || !c->ctx)
 		Py_RETURN_NONE;
@@ -291,16 +318,27 @@ static PyObject *world_leave(struct tfabpy_world *self, PyObject *args)
 				"tfab: another thread is in a call on this world");
 		return NULL;
 	}
-	ENTER(self);
-	{
-		PyThreadState *ts = PyEval_SaveThread();
+	/* What is in flight first, in slices (Ctrl-C leaves the world joined, as a timeout). */
+	rc = wait_sliced(self, self->colls_seq, true, tfabpy_deadline(seconds));
+	if (rc == -EINTR)
+		return NULL;
+	if (rc == 0) {
+		if (self->busy) {
+			PyErr_SetString(PyExc_RuntimeError,
+					"tfab: another thread is in a call on this world");
+			return NULL;
+		}
+		ENTER(self);
+		{
+			PyThreadState *ts = PyEval_SaveThread();
 
-		rc = tfab_world_wait(self->w, ms);
-		if (rc == 0)
-			rc = tfab_world_leave(self->w);
-		PyEval_RestoreThread(ts);
+			rc = tfab_world_wait(self->w, 0);
+			if (rc == 0)
+				rc = tfab_world_leave(self->w);
+			PyEval_RestoreThread(ts);
+		}
+		LEAVE(self);
 	}
-	LEAVE(self);
 	if (rc)
 		return tfabpy_raise(rc, rc == -ETIMEDOUT ? "leave: collectives still in flight"
 							 : "leave");
@@ -350,6 +388,7 @@ struct coll {
 	PyObject *callback;
 	PyObject *key;
 	DLManagedTensor *in, *out; /* out NULL: in place */
+	struct tfabpy_link link;   /* in world->colls once started */
 };
 
 static struct coll *coll_new(struct tfabpy_world *world, PyObject *callback)
@@ -379,6 +418,7 @@ static void coll_release_tensors(struct coll *co)
 /* With the GIL; the last reference to the world may go here. */
 static void coll_free(struct coll *co)
 {
+	tfabpy_link_del(&co->link);
 	coll_release_tensors(co);
 	Py_XDECREF(co->key);
 	Py_DECREF(co->callback);
@@ -565,6 +605,7 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 		}
 	}
 	self->inflight++;
+	tfabpy_link_add(&self->colls, &co->link, ++self->colls_seq);
 	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
@@ -609,6 +650,7 @@ static PyObject *world_broadcast(struct tfabpy_world *self, PyObject *args)
 	}
 	co->in = t;
 	self->inflight++;
+	tfabpy_link_add(&self->colls, &co->link, ++self->colls_seq);
 	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
@@ -662,6 +704,7 @@ static PyObject *gather_scatter(struct tfabpy_world *self, PyObject *inobj, PyOb
 	co->in = in;
 	co->out = out;
 	self->inflight++;
+	tfabpy_link_add(&self->colls, &co->link, ++self->colls_seq);
 	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();
@@ -717,6 +760,7 @@ static PyObject *world_barrier(struct tfabpy_world *self, PyObject *callback)
 	if (!co)
 		return NULL;
 	self->inflight++;
+	tfabpy_link_add(&self->colls, &co->link, ++self->colls_seq);
 	BUSY(self);
 	{
 		PyThreadState *ts = PyEval_SaveThread();

@@ -21,6 +21,31 @@ from .errors import (AbortedError, ConfigError, Error, NoFabricError, OutMismatc
 from . import _tfab
 from ._tfab import Peer, Tensor
 
+
+def _take_signals_back():
+    """Debian's libfabric links libinfinipath (PSM), whose constructor, run as _tfab loads,
+    replaces the handlers of SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL and SIGABRT with one
+    that ends the process with exit status 1: Ctrl-C would raise no KeyboardInterrupt and
+    run no clean-up, a crash would dump no core. Python's own handlers (what its signal
+    module holds) go back, from the main thread (the only one that may set them)."""
+    import signal
+    if _threading.current_thread() is not _threading.main_thread():
+        return
+    for name in ("SIGINT", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT"):
+        sig = getattr(signal, name, None)
+        handler = signal.getsignal(sig) if sig is not None else None
+        if handler is not None:
+            try:
+                signal.signal(sig, handler)
+            except (OSError, ValueError, RuntimeError):  # pragma: no cover
+                pass
+    import faulthandler
+    if faulthandler.is_enabled():
+        faulthandler.enable()  # its handlers were replaced too
+
+
+_take_signals_back()
+
 __all__ = [
     "Context", "World", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
     "ProtocolError", "AbortedError", "ConfigError", "NoFabricError", "OutMismatchError",
@@ -29,6 +54,17 @@ __all__ = [
 
 MAX_KEY_LEN = _tfab.MAX_KEY_LEN
 _EPROTOTYPE = __import__("errno").EPROTOTYPE
+_ETIMEDOUT = __import__("errno").ETIMEDOUT
+
+# A blocking call from the main thread (the one that runs Python's signal handlers) waits in
+# the library at most this long (seconds) before they run: Ctrl-C raises KeyboardInterrupt.
+_SLICE = 0.1
+_MAIN_THREAD = _threading.main_thread().ident
+_get_ident = _threading.get_ident
+# A receive whose tensor may take longer than a slice to land waits on a thread of its own
+# from the start: a slice that ends while the content is being written cancels it, and the
+# sender writes it again (bytes, from out= or from what the key's tensor had).
+_BIG = 16 << 20
 
 
 def version() -> str:
@@ -185,6 +221,83 @@ def _out_view(out, view):
     return numpy.asarray(view)
 
 
+def _wait_done(fut, seconds):
+    """Wait for a concurrent.futures.Future at most seconds (None: no limit) in slices, the
+    signal handlers running between them (a signal that another thread took wakes no wait).
+    Whether it is done."""
+    deadline = None if seconds is None else _time.monotonic() + seconds
+    while True:
+        left = _SLICE if deadline is None else min(_SLICE, deadline - _time.monotonic())
+        if _cf.wait((fut,), max(left, 0.0)).done:
+            return True
+        if deadline is not None and _time.monotonic() >= deadline:
+            return False
+
+
+def _nbytes(out):
+    n = getattr(out, "nbytes", None)
+    if n is None and hasattr(out, "element_size"):  # torch 1.13 has no nbytes
+        return out.element_size() * out.nelement()
+    return n if isinstance(n, int) else 0
+
+
+def _adopted(value, given, out, any_shape):
+    """What a receive into out returns when it takes the value of an earlier receive that
+    Ctrl-C interrupted (given: its (out, any_shape))."""
+    old_out = given[0] if given else None
+    if out is None or value is None or out is old_out:
+        return value
+    if old_out is not None and given[1] and value is not old_out:
+        src = value  # a view of the old out with the tensor's shape
+    else:
+        src = old_out if old_out is not None else value
+    if _strings_of_kind(src):
+        raise Error(-_EPROTOTYPE, "recv into out=: the sender sent strings")
+    try:
+        _tfab.copy_into(out if not any_shape else _like(out, src), src)
+    except ValueError as e:
+        raise OutMismatchError(-22, "recv into out=: %s (an earlier receive of this key and "
+                               "step, interrupted, took the tensor)" % (e,)) from None
+    return _out_view(out, _like(out, src)) if any_shape else out
+
+
+def _strings_of_kind(a):
+    return getattr(getattr(a, "dtype", None), "kind", None) == "O"
+
+
+def _like(out, src):
+    """out's first bytes with src's shape (any_shape): a view."""
+    import numpy
+    if type(out).__module__.split(".")[0] == "torch":
+        import torch
+        flat = out.reshape(-1)
+        shape = tuple(src.shape)
+        n = int(numpy.prod(shape)) if shape else 1
+        if n > flat.numel():
+            raise OutMismatchError(-90, "recv into out=: the tensor does not fit out=")
+        return flat[:n].reshape(shape)
+    flat = numpy.asarray(out).reshape(-1)
+    shape = tuple(src.shape)
+    n = int(numpy.prod(shape)) if shape else 1
+    if n > flat.size:
+        raise OutMismatchError(-90, "recv into out=: the tensor does not fit out=")
+    return flat[:n].reshape(shape)
+
+
+def _wake_listener(host, port):
+    """Connect to our own listener and hang up: an accept waiting there ends (its bootstrap
+    fails) rather than at its timeout."""
+    import socket
+    if host in (None, "", "0.0.0.0", "*"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        pass
+
+
 class Context:
     """A tfab context: one per process is typical.
 
@@ -202,13 +315,23 @@ class Context:
             pairs.append((_setting_name(name), _setting_value(value)))
         self._c = _tfab.Context(pairs)
         self._string_keys = set()  # (peer, key) that recv() found sent as strings
+        # Calls that Ctrl-C interrupted, going on in the background until they end: what
+        # names them ("recv", peer, key, step), ("accept",), ("connect", host, port),
+        # ("join",) -> (a concurrent.futures.Future of their value, what they were given).
+        self._interrupted = {}
+        self._big_keys = set()  # (peer, key) whose tensors were large: no first slice
+        self._listening = None  # (host, port) of listen(): close() wakes an accept there
         _live.add(self)
 
     # Life
 
     def close(self) -> None:
         """Abort what is pending (futures fail with AbortedError) and close every peer. The
-        library's memory behind received tensors still alive stays valid until they go."""
+        library's memory behind received tensors still alive stays valid until they go.
+        A connect() or a join that Ctrl-C interrupted is waited for (its timeout at most)."""
+        bg = self._interrupted.get(("accept",))
+        if bg is not None and not bg[0].done() and self._listening:
+            _wake_listener(*self._listening)  # an accept ends on no abort: its bootstrap fails
         self._c.close()
 
     def __enter__(self):
@@ -240,15 +363,101 @@ class Context:
 
     def listen(self, host=None, port: int = 0) -> int:
         """Listen for peers on host:port (None: any; 0: any port); returns the port."""
-        return self._c.listen(host, port)
+        bound = self._c.listen(host, port)
+        self._listening = (host, bound)
+        return bound
 
     def accept(self, timeout: float = 10.0) -> Peer:
-        """Accept one peer that called connect(), within timeout seconds."""
-        return self._c.accept(timeout)
+        """Accept one peer that called connect(), within timeout seconds. Ctrl-C raises
+        KeyboardInterrupt at once; the accept goes on, and the next accept() takes it."""
+        return self._background(("accept",), self._c.accept, _seconds(timeout))
 
     def connect(self, host: str, port: int, timeout: float = 10.0) -> Peer:
-        """Connect to a listening context at host:port, within timeout seconds."""
-        return self._c.connect(host, port, timeout)
+        """Connect to a listening context at host:port, within timeout seconds. Ctrl-C raises
+        KeyboardInterrupt at once; the connect goes on, and the next connect() to the same
+        address takes it."""
+        s = _seconds(timeout)
+        return self._background(("connect", host, port),
+                                lambda t: self._c.connect(host, port, t), s)
+
+    def _join(self, args, ms, allgather):
+        """The C world of a join with args (rank, size, name, host), ms its bound (-1: the
+        setting's). On the main thread the join runs on a thread of its own, so that Ctrl-C
+        interrupts the wait: it goes on, and the next join here takes it (its world left
+        first if it was given other arguments); through allgather= it runs here, and Ctrl-C
+        reaches the callable."""
+        ident = ("join",)
+        if ident in self._interrupted:
+            fut = self._interrupted[ident][0]
+            _wait_done(fut, None)  # its own bound ends it
+            fut, given = self._interrupted.pop(ident)
+            if fut.exception() is None:
+                if given == args and allgather is None:
+                    return fut.result()
+                fut.result().leave()
+        if allgather is not None:
+            return _tfab.World(self._c, *args, ms, allgather)
+        return self._background(ident, lambda _: _tfab.World(self._c, *args, ms, None), None,
+                                args)
+
+    # Blocking calls and Ctrl-C
+
+    def _adopt(self, ident, seconds):
+        """The value of the call named ident that Ctrl-C interrupted, waited for at most
+        seconds (None: no limit): (value, what it was given, seconds left), or None when
+        there is none or it failed (the caller starts anew, with the seconds left)."""
+        fut, given = self._interrupted.pop(ident)
+        start = _time.monotonic()
+        try:
+            done = _wait_done(fut, seconds)
+        except BaseException:
+            self._interrupted[ident] = (fut, given)  # interrupted again: still there
+            raise
+        left = None if seconds is None else max(0.0, seconds - (_time.monotonic() - start))
+        if not done:
+            self._interrupted[ident] = (fut, given)
+            raise TimeoutError(-_ETIMEDOUT, "%s: an earlier call that Ctrl-C interrupted is "
+                               "still waiting: Connection timed out" % ident[0])
+        if fut.exception() is not None:
+            return None, left
+        return (fut.result(), given), left
+
+    def _background(self, ident, call, seconds, given=None, first=False):
+        """call(seconds) (None: no limit), a blocking library call, so that Ctrl-C interrupts
+        it: on the main thread it waits in the library at most a slice (first: one slice
+        here, then the rest), the rest on a thread of its own while this one runs the signal
+        handlers. What Ctrl-C interrupts goes on until it ends, and the next call named ident
+        takes its value (given: what it was given, for the caller to judge)."""
+        if ident in self._interrupted and ident[0] in ("accept", "connect"):
+            got, seconds = self._adopt(ident, seconds)
+            if got is not None:
+                return got[0]
+        if _get_ident() != _MAIN_THREAD:
+            return call(seconds)  # signals run on the main thread only
+        start = _time.monotonic()
+        if first:
+            try:
+                return call(_SLICE if seconds is None else min(seconds, _SLICE))
+            except Error as e:
+                if e.status != -_ETIMEDOUT or (seconds is not None and seconds <= _SLICE):
+                    raise
+            if seconds is not None:
+                seconds = max(0.0, seconds - (_time.monotonic() - start))
+        fut = _cf.Future()
+
+        def main():
+            try:
+                fut.set_result(call(seconds))
+            except BaseException as e:  # noqa: B902 (handed to the waiter)
+                fut.set_exception(e)
+
+        _threading.Thread(target=main, name="tfab-" + ident[0], daemon=True).start()
+        try:
+            _wait_done(fut, None)  # call's own timeout bounds it
+        except BaseException:
+            self._interrupted[ident] = (fut, given)
+            raise
+        return fut.result()
 
     def peer(self) -> Peer:
         """A peer to connect through blobs moved by other means: send ``peer.blob()`` to the
@@ -262,7 +471,8 @@ class Context:
         return self._c.progress()
 
     def flush(self, timeout=None) -> None:
-        """Wait until every send posted so far has ended (raises TimeoutError)."""
+        """Wait until every send posted so far has ended (raises TimeoutError). The wait
+        returns every 100 ms to run the signal handlers: Ctrl-C raises KeyboardInterrupt."""
         self._c.flush(timeout)
 
     # Sends
@@ -298,18 +508,55 @@ class Context:
         """Receive (key, step) from peer, waiting at most ``timeout`` seconds (None: no
         limit) with the GIL released. Returns a :class:`Tensor` in the library's memory
         (``numpy.from_dlpack``, ``torch.from_dlpack`` or ``.numpy()`` view it), or with
-        ``out=`` (a contiguous array of the sender's dtype and shape) ``out`` itself, filled
-        in place; ``any_shape=True`` takes any shape that fits and returns a view of out.
-        A string tensor comes as an object array of bytes; a dead tensor as None."""
+        ``out=`` (a contiguous, writable array of the sender's dtype and shape) ``out``
+        itself, filled in place; ``any_shape=True`` takes any shape that fits and returns a
+        view of out. A string tensor comes as an object array of bytes; a dead tensor as
+        None. Ctrl-C raises KeyboardInterrupt within 100 ms (doc/python.md says what becomes
+        of the receive)."""
+        seconds = None if timeout is None else _seconds(timeout)
+        if self._interrupted:
+            ident = ("recv", peer._id, key, step)
+            if ident in self._interrupted:
+                got, seconds = self._adopt(ident, seconds)
+                if got is not None:
+                    return _adopted(got[0], got[1], out, any_shape)
+        if _get_ident() != _MAIN_THREAD:
+            return self._recv(peer, key, step, out, seconds, any_shape)
+        if out is not None:
+            big = _nbytes(out) >= _BIG
+        else:
+            big = self._big_keys and (peer._id, key) in self._big_keys
+        if not big:
+            # One slice here, the common case: no thread to start.
+            start = _time.monotonic()
+            try:
+                return self._recv(peer, key, step, out,
+                                  seconds if seconds is not None and seconds <= _SLICE
+                                  else _SLICE, any_shape)
+            except TimeoutError as e:
+                if e.status != -_ETIMEDOUT or (seconds is not None and seconds <= _SLICE):
+                    raise
+            if seconds is not None:
+                seconds = max(0.0, seconds - (_time.monotonic() - start))
+        got = self._background(("recv", peer._id, key, step),
+                               lambda t: self._recv(peer, key, step, out, t, any_shape),
+                               seconds, (out, any_shape))
+        if out is None and not big and getattr(got, "nbytes", 0) >= _BIG:
+            if len(self._big_keys) >= 4096:
+                self._big_keys.clear()
+            self._big_keys.add((peer._id, key))
+        return got
+
+    def _recv(self, peer, key, step, out, seconds, any_shape):
         if out is None and (peer, key) in self._string_keys:
             try:
-                return self.recv_strings(peer, key, step, timeout=timeout)
+                return self._recv_strings(peer, key, step, seconds)
             except Error as e:
                 if abs(e.status) != _EPROTOTYPE:
                     raise
                 self._string_keys.discard((peer, key))  # a tensor this time
         try:
-            tensor, dead = self._c.recv(peer, key, step, out, any_shape, timeout)
+            tensor, dead = self._c.recv(peer, key, step, out, any_shape, seconds)
         except Error as e:
             if abs(e.status) != _EPROTOTYPE or out is not None:
                 raise
@@ -317,7 +564,7 @@ class Context:
             if len(self._string_keys) >= 4096:
                 self._string_keys.clear()  # a bound: forgetting costs one try again
             self._string_keys.add((peer, key))
-            return self.recv_strings(peer, key, step, timeout=timeout)
+            return self._recv_strings(peer, key, step, seconds)
         if dead:
             return None
         if out is not None:
@@ -326,20 +573,57 @@ class Context:
 
     def recv_async(self, peer: Peer, key, step: int, out=None, any_shape: bool = False) -> Future:
         """recv() without waiting: a Future of what recv() returns."""
+        if self._interrupted and ("recv", peer._id, key, step) in self._interrupted:
+            return self._adopt_async(("recv", peer._id, key, step), out, any_shape,
+                                     lambda: self.recv_async(peer, key, step, out, any_shape))
         fut = Future(self)
         cb = _recv_callback(fut, out, any_shape, _what("recv", key, step)) if any_shape else fut
         self._c.recv_async(peer, key, step, out, any_shape, cb)
         return fut
 
+    def _adopt_async(self, ident, out, any_shape, anew):
+        """A Future of the value of the receive named ident that Ctrl-C interrupted (its
+        failure: of anew(), a receive posted then)."""
+        inner, given = self._interrupted.pop(ident)
+        fut = Future(self)
+
+        def done(inner):
+            try:
+                if inner.exception() is None:
+                    fut.set_result(_adopted(inner.result(), given, out, any_shape))
+                    return
+                again = anew()
+            except BaseException as e:  # noqa: B902 (the future's)
+                fut.set_exception(e)
+                return
+            again.add_done_callback(lambda f: fut.set_exception(f.exception())
+                                    if f.exception() is not None else fut.set_result(f.result()))
+        inner.add_done_callback(done)
+        return fut
+
     def recv_strings(self, peer: Peer, key, step: int, timeout=None):
-        """Receive a string tensor: an object array of bytes (None when dead)."""
-        (shape, items), dead = self._c.recv_strings(peer, key, step, timeout)
+        """Receive a string tensor: an object array of bytes (None when dead). Ctrl-C raises
+        KeyboardInterrupt within 100 ms, as for recv()."""
+        seconds = _seconds(timeout)
+        ident = ("recv", peer._id, key, step)
+        if self._interrupted and ident in self._interrupted:
+            got, seconds = self._adopt(ident, seconds)
+            if got is not None:
+                return got[0]
+        return self._background(ident, lambda t: self._recv_strings(peer, key, step, t),
+                                seconds, (None, False), first=True)
+
+    def _recv_strings(self, peer, key, step, seconds):
+        (shape, items), dead = self._c.recv_strings(peer, key, step, seconds)
         if dead or shape is None:
             return None
         return _strings_array(shape, items)
 
     def recv_strings_async(self, peer: Peer, key, step: int) -> Future:
         """recv_strings() without waiting: a Future."""
+        if self._interrupted and ("recv", peer._id, key, step) in self._interrupted:
+            return self._adopt_async(("recv", peer._id, key, step), None, False,
+                                     lambda: self.recv_strings_async(peer, key, step))
         fut = Future(self)
         what = _what("recv_strings", key, step)
 
@@ -362,11 +646,15 @@ class Context:
     def step_cleanup(self, step: int) -> None:
         """Fail every pending send and receive of step with AbortedError, and forget them."""
         self._c.step_cleanup(step)
+        for ident in [i for i in self._interrupted if i[0] == "recv" and i[3] == step]:
+            del self._interrupted[ident]  # what they received is forgotten too
 
     def abort(self, status: int = 0) -> None:
         """Fail everything pending, and every later send and receive, with status
         (AbortedError by default)."""
         self._c.abort(status)
+        for ident in [i for i in self._interrupted if i[0] == "recv"]:
+            del self._interrupted[ident]
 
     def stats(self) -> dict:
         """The context's counters (bytes_sent, bytes_received, bytes_copied, ...)."""
@@ -458,16 +746,21 @@ class World:
 
     def __init__(self, ctx=None, rank=None, size=None, name=None, host=None, timeout=None,
                  allgather=None):
+        ms = _timeout_ms(timeout)
+        args = (-1 if rank is None else int(rank), -1 if size is None else int(size), name,
+                host)
         own = ctx is None
         if own:
             ctx = Context()
         try:
-            self._w = _tfab.World(ctx._c, -1 if rank is None else int(rank),
-                                  -1 if size is None else int(size), name, host,
-                                  _timeout_ms(timeout), allgather)
+            self._w = ctx._join(args, ms, allgather)
         except BaseException:
             if own:
-                ctx.close()
+                left = ctx._interrupted.pop(("join",), None)
+                if left is not None:  # Ctrl-C: the join goes on, and the context with it
+                    left[0].add_done_callback(lambda f: ctx.close())
+                else:
+                    ctx.close()
             raise
         self._ctx = ctx
         self._own_ctx = own
