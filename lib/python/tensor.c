@@ -575,6 +575,19 @@ int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p)
 	return 0;
 }
 
+/* A tensor's shape for messages: "[2,8]". */
+static const char *shape_text(const DLTensor *t, char *buf, size_t len)
+{
+	size_t n = (size_t)snprintf(buf, len, "[");
+
+	for (int i = 0; i < t->ndim && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? "," : "",
+				      (long long)t->shape[i]);
+	if (n < len)
+		snprintf(buf + n, len - n, "]");
+	return buf;
+}
+
 /*
  * copy_into(dst, src): src's content into dst, of the same dtype and shape, both on the CPU:
  * for a receive into out= that finds its tensor taken by an earlier receive, interrupted, into
@@ -599,12 +612,12 @@ PyObject *tfabpy_copy_into(PyObject *self, PyObject *args)
 	if (d->dtype.code != s->dtype.code || d->dtype.bits != s->dtype.bits ||
 	    d->dtype.lanes != s->dtype.lanes || d->ndim != s->ndim ||
 	    (d->ndim && memcmp(d->shape, s->shape, sizeof(int64_t) * (size_t)d->ndim))) {
+		char ds[160], ss[160];
+
 		PyErr_Format(
-		    PyExc_ValueError,
-		    "tfab: out= (%s, %d dimensions) does not take the tensor received (%s, "
-		    "%d dimensions)",
-		    tfabpy_dtype_name(d->dtype, a, sizeof(a)), d->ndim,
-		    tfabpy_dtype_name(s->dtype, b, sizeof(b)), s->ndim);
+		    PyExc_ValueError, "tfab: out= (%s%s) does not take the tensor received (%s%s)",
+		    tfabpy_dtype_name(d->dtype, a, sizeof(a)), shape_text(d, ds, sizeof(ds)),
+		    tfabpy_dtype_name(s->dtype, b, sizeof(b)), shape_text(s, ss, sizeof(ss)));
 		goto out;
 	}
 	if (d->device.device_type != kDLCPU || s->device.device_type != kDLCPU ||

@@ -101,6 +101,12 @@ def test_recv_out_and_strings_interrupted():
         dst = np.zeros(3, np.int32)
         blocked(lambda: b.recv(pb, "o", 1, out=dst, timeout=30))
         a.send("o", 1, np.array([4, 5, 6], np.int32))
+        try:
+            b.recv(pb, "o", 1, out=np.zeros(4, np.int32), timeout=10)
+        except tfab.OutMismatchError as e:
+            assert "int32[4]" in str(e) and "int32[3]" in str(e), str(e)
+        else:
+            raise AssertionError("an out= that does not fit took it")
         other = np.zeros(3, np.int32)  # another array: the content is copied into it
         assert b.recv(pb, "o", 1, out=other, timeout=10) is other
         assert other.tolist() == [4, 5, 6]

@@ -519,7 +519,7 @@ class Context:
             if ident in self._interrupted:
                 got, seconds = self._adopt(ident, seconds)
                 if got is not None:
-                    return _adopted(got[0], got[1], out, any_shape)
+                    return self._adopted(ident, got, out, any_shape)
         if _get_ident() != _MAIN_THREAD:
             return self._recv(peer, key, step, out, seconds, any_shape)
         if out is not None:
@@ -581,6 +581,17 @@ class Context:
         self._c.recv_async(peer, key, step, out, any_shape, cb)
         return fut
 
+    def _adopted(self, ident, got, out, any_shape):
+        """_adopted() of got (value, given); what an out= that does not fit leaves stays
+        for a receive that fits."""
+        try:
+            return _adopted(got[0], got[1], out, any_shape)
+        except Error:
+            kept = _cf.Future()
+            kept.set_result(got[0])
+            self._interrupted[ident] = (kept, got[1])
+            raise
+
     def _adopt_async(self, ident, out, any_shape, anew):
         """A Future of the value of the receive named ident that Ctrl-C interrupted (its
         failure: of anew(), a receive posted then)."""
@@ -590,7 +601,8 @@ class Context:
         def done(inner):
             try:
                 if inner.exception() is None:
-                    fut.set_result(_adopted(inner.result(), given, out, any_shape))
+                    fut.set_result(self._adopted(ident, (inner.result(), given), out,
+                                                 any_shape))
                     return
                 again = anew()
             except BaseException as e:  # noqa: B902 (the future's)
