@@ -208,7 +208,7 @@ th.start()
 
 
 @pytest.mark.parametrize("progress_thread", [False, True])
-def test_world_wait_and_result_interrupted(progress_thread):
+def test_world_wait_result_and_leave_interrupted(progress_thread):
     out = interrupt(setup=WORLD, body="""
         ctx = tfabtest.context(progress_thread=%r)
         w = tfab.World(ctx, rank=0, size=2, timeout=30, allgather=ex.allgather_of(0))
@@ -216,6 +216,8 @@ def test_world_wait_and_result_interrupted(progress_thread):
         f = w.allreduce(x)
         blocked(lambda: w.wait(30))
         blocked(lambda: f.result(30))
+        blocked(lambda: w.leave(30))
+        assert w.joined  # as after a timeout
         go.set()
         w.wait(30)  # the same world: both collectives complete
         assert f.result(0) is x and x.tolist() == [3.0] * 4
@@ -226,7 +228,7 @@ def test_world_wait_and_result_interrupted(progress_thread):
         ctx.close()
         print("completed")
         """ % progress_thread)
-    assert out[-1] == "completed" and len(out) == 3, out  # interrupted twice
+    assert out[-1] == "completed" and len(out) == 4, out  # interrupted three times
 
 
 def test_world_join_interrupted():
