@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -56,6 +57,9 @@ def interrupt(body, delay=0.5, bound=10.0, env=None, setup=""):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=child_env)
     lines = []
+    # Every read below is bounded: a child that hangs is killed (and the test fails).
+    watchdog = threading.Timer(120, p.kill)
+    watchdog.start()
     try:
         line = p.stdout.readline()
         assert line.strip() == "waiting", (line, p.stderr.read() if p.poll() else "")
@@ -69,10 +73,12 @@ def interrupt(body, delay=0.5, bound=10.0, env=None, setup=""):
             assert took < bound, "KeyboardInterrupt %.1f s after SIGINT" % took
             lines.append(line.strip())
             line = p.stdout.readline()
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, (p.returncode, line, out, err)
-        return lines + (line + out).split()
+        # read() and not communicate(): readline() may hold what came after the line
+        rest, err = p.stdout.read(), p.stderr.read()
+        assert p.wait(60) == 0, (p.returncode, line, rest, err)
+        return lines + (line + rest).split()
     finally:
+        watchdog.cancel()
         if p.poll() is None:
             p.kill()
             p.wait(10)
