@@ -449,7 +449,7 @@ struct op {
 	PyObject *callback;
 	DLManagedTensor *tensor; /* a send's source, a receive's out= */
 	PyObject *out;
-	char what[128]; /* its failure's words: "recv of 'k' step 3" */
+	char what[128];		 /* its failure's words: "recv of 'k' step 3" */
 	struct tfabpy_link link; /* a send's, in owner->sends */
 };
 

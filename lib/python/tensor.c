@@ -128,56 +128,12 @@ static PyObject *tensor_dlpack_device(struct tfabpy_tensor *t, PyObject *unused)
 			     (int)t->m->dl_tensor.device.device_id);
 }
 
-/* The name of a DLPack dtype as NumPy and torch write it ("float32", "bfloat16"), or NULL. */
-static const char *dtype_name(DLDataType d, char *buf, size_t len)
-{
-	const char *kind;
-
-	if (d.lanes != 1)
-		return NULL;
-	switch (d.code) {
-	case kDLInt:
-		kind = "int";
-		break;
-	case kDLUInt:
-		kind = "uint";
-		break;
-	case kDLFloat:
-		kind = "float";
-		break;
-	case kDLBfloat:
-		kind = "bfloat";
-		break;
-	case kDLComplex:
-		kind = "complex";
-		break;
-	case TFABPY_DL_BOOL:
-		return d.bits == 8 ? "bool" : NULL;
-	default:
-		return NULL;
-	}
-	snprintf(buf, len, "%s%u", kind, (unsigned)d.bits);
-	return buf;
-}
-
-const char *tfabpy_dtype_name(DLDataType d, char *buf, size_t len)
-{
-	const char *name = dtype_name(d, buf, len);
-
-	if (!name) {
-		snprintf(buf, len, "dlpack(%u,%u,%u)", (unsigned)d.code, (unsigned)d.bits,
-			 (unsigned)d.lanes);
-		name = buf;
-	}
-	return name;
-}
-
 static PyObject *tensor_get_dtype(struct tfabpy_tensor *t, void *closure)
 {
-	char buf[32];
+	char buf[TFAB_DTYPE_NAME_MAX];
 
 	(void)closure;
-	return PyUnicode_FromString(tfabpy_dtype_name(t->m->dl_tensor.dtype, buf, sizeof(buf)));
+	return PyUnicode_FromString(tfab_dtype_name(t->m->dl_tensor.dtype, buf, sizeof(buf)));
 }
 
 static PyObject *tensor_get_shape(struct tfabpy_tensor *t, void *closure)
@@ -599,7 +555,7 @@ PyObject *tfabpy_copy_into(PyObject *self, PyObject *args)
 	DLManagedTensor *dst = NULL, *src = NULL;
 	const DLTensor *d, *s;
 	PyObject *res = NULL;
-	char a[32], b[32];
+	char a[TFAB_DTYPE_NAME_MAX], b[TFAB_DTYPE_NAME_MAX];
 
 	(void)self;
 	if (!PyArg_ParseTuple(args, "OO:copy_into", &dstobj, &srcobj))
@@ -616,8 +572,8 @@ PyObject *tfabpy_copy_into(PyObject *self, PyObject *args)
 
 		PyErr_Format(
 		    PyExc_ValueError, "tfab: out= (%s%s) does not take the tensor received (%s%s)",
-		    tfabpy_dtype_name(d->dtype, a, sizeof(a)), shape_text(d, ds, sizeof(ds)),
-		    tfabpy_dtype_name(s->dtype, b, sizeof(b)), shape_text(s, ss, sizeof(ss)));
+		    tfab_dtype_name(d->dtype, a, sizeof(a)), shape_text(d, ds, sizeof(ds)),
+		    tfab_dtype_name(s->dtype, b, sizeof(b)), shape_text(s, ss, sizeof(ss)));
 		goto out;
 	}
 	if (d->device.device_type != kDLCPU || s->device.device_type != kDLCPU ||

@@ -132,8 +132,6 @@ PyObject *tfabpy_tensor_new(struct tfabpy_context *owner, DLManagedTensor *m, Py
  * ValueError otherwise: bytes, a read-only array or memoryview). -1 with an exception set.
  */
 int tfabpy_dlpack_import(PyObject *obj, const char *dest, DLManagedTensor **m_p);
-/* A dtype's name as users write it ("int8", "bfloat16"; else "dlpack(code,bits,lanes)"). */
-const char *tfabpy_dtype_name(DLDataType d, char *buf, size_t len);
 /* _tfab.copy_into(dst, src): src's bytes into dst, of the same dtype and shape, on the CPU. */
 PyObject *tfabpy_copy_into(PyObject *self, PyObject *args);
 /* Whether t is compact row-major (strides NULL or those of its shape). */

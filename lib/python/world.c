@@ -578,6 +578,7 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 	if (out && !same_dtype(&in->dl_tensor, &out->dl_tensor)) {
 		dtype_differs("allreduce", &in->dl_tensor, &out->dl_tensor);
 		goto err;
+	}
 	if (out && nbytes_of(&in->dl_tensor) != nbytes_of(&out->dl_tensor)) {
 		PyErr_SetString(PyExc_ValueError,
 				"tfab: allreduce's out= has another number of elements");
@@ -687,6 +688,7 @@ static PyObject *gather_scatter(struct tfabpy_world *self, PyObject *inobj, PyOb
 	if (!same_dtype(&in->dl_tensor, &out->dl_tensor)) {
 		dtype_differs(what, &in->dl_tensor, &out->dl_tensor);
 		goto err;
+	}
 	inb = nbytes_of(&in->dl_tensor);
 	outb = nbytes_of(&out->dl_tensor);
 	if (reduce ? inb != outb * size : outb != inb * size) {

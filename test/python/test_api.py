@@ -165,9 +165,8 @@ def test_negative_steps_are_refused(pair):
              lambda: b.recv_async(pb, "neg", -2),
              lambda: b.step_cleanup(-3)]
     for call, step in zip(calls, [-1, -1, -2, -3]):
-        with pytest.raises(tfab.Error) as e:
+        with pytest.raises(ValueError) as e:
             call()
-        assert e.value.name == "EINVAL", str(e.value)
         assert "step %d is negative: steps are >= 0" % step in str(e.value), str(e.value)
     a.send("neg", 0, np.ones(2))
     assert np.from_dlpack(b.recv(pb, "neg", 0, timeout=10)).tolist() == [1.0, 1.0]
@@ -291,7 +290,8 @@ def test_bad_timeouts_steps_and_dtypes_refused(pair):
         b.recv(pb, "x", 1, timeout=0.3)
     # dtypes by the names users write.
     a.send("dt", 1, np.zeros(3, np.float32))
-    with pytest.raises(tfab.OutMismatchError, match="dtype int32 is not the tensor's float32"):
+    with pytest.raises(tfab.OutMismatchError,
+                       match="the destination is int32, the tensor sent is float32"):
         b.recv(pb, "dt", 1, out=np.zeros(3, np.int32), timeout=10)
     assert np.from_dlpack(b.recv(pb, "dt", 1, timeout=10)).dtype == np.float32
 

@@ -237,9 +237,9 @@ def test_world_of_one_bad_arguments_named():
         with tfab.World(ctx, rank=0, size=1) as w:
             with pytest.raises(TypeError, match="int64 tensors, not int8"):
                 w.allreduce(np.ones(4, np.int8))
-            with pytest.raises(TypeError, match="allreduce's out is int32, its input float32"):
+            with pytest.raises(TypeError, match="allreduce's out= is int32, its input float32"):
                 w.allreduce(np.ones(4, np.float32), out=np.ones(4, np.int32))
-            with pytest.raises(TypeError, match="allgather's out is float64, its input int32"):
+            with pytest.raises(TypeError, match="allgather's out= is float64, its input int32"):
                 w.allgather(np.ones(4, np.int32), out=np.ones(4, np.float64))
             for bad in (float("nan"), -1):
                 with pytest.raises(ValueError, match="timeout must be a number >= 0"):
