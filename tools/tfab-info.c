@@ -10,6 +10,7 @@
 
 #include <tfab/tfab.h>
 
+#include "engine/engine.h"
 #include "json.h"
 #include "providers/provider.h"
 #include "util/config.h"
@@ -96,6 +97,14 @@ int main(int argc, char **argv)
 	}
 
 	cfg_rc = tfab__config_init(&cfg, cfgerr, sizeof(cfgerr));
+	if (cfg_rc == 0) {
+		/* the key as a context reads it: a short one (or a file that cannot be read) fails */
+		uint8_t key[256];
+		size_t klen;
+
+		cfg_rc = tfab__auth_key_read(&cfg, key, sizeof(key), &klen, cfgerr, sizeof(cfgerr));
+		explicit_bzero(key, sizeof(key));
+	}
 	tfab_log_set_level((enum tfab_log_level)cfg.log_level);
 	for (size_t i = 0; provs[i]; i++)
 		provs[i]->probe(&cfg, NULL, collect, &fl);

@@ -47,25 +47,28 @@ static const char refuse_magic[MAGIC_LEN] = {'T', 'F', 'A', 'R'};
 #define HELLO_LEN (MAGIC_LEN + 2 + TFAB_AUTH_NONCE)
 #define PROOF_LEN (MAGIC_LEN + TFAB_AUTH_MAC)
 
-int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen)
+int tfab__auth_key_read(const struct tfab_config *cfg, uint8_t *key, size_t cap, size_t *len_p,
+			char *err, size_t errlen)
 {
-	const struct tfab_config *cfg = &ctx->cfg;
+	const char *name = cfg->auth_key[0] ? "TFAB_AUTH_KEY" : "TFAB_AUTH_KEY_FILE";
 	size_t n = 0;
 
-	ctx->auth_key_len = 0;
+	*len_p = 0;
 	if (cfg->auth_key[0] && cfg->auth_key_file[0]) {
 		snprintf(err, errlen, "TFAB_AUTH_KEY and TFAB_AUTH_KEY_FILE are both set: set one");
 		return -TFAB_ERR_CONFIG;
 	}
 	if (cfg->auth_key[0]) {
 		n = strlen(cfg->auth_key);
-		memcpy(ctx->auth_key, cfg->auth_key, n);
+		if (n > cap)
+			n = cap; /* the setting holds fewer bytes than the key's room */
+		memcpy(key, cfg->auth_key, n);
 	} else if (cfg->auth_key_file[0]) {
 		int fd = open(cfg->auth_key_file, O_RDONLY | O_CLOEXEC);
 		ssize_t r = 0;
 
 		if (fd >= 0) {
-			r = read(fd, ctx->auth_key, sizeof(ctx->auth_key));
+			r = read(fd, key, cap);
 			close(fd);
 		}
 		if (fd < 0 || r < 0) {
@@ -74,25 +77,32 @@ int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen)
 			return -TFAB_ERR_CONFIG;
 		}
 		n = (size_t)r;
-		if (n == sizeof(ctx->auth_key)) {
+		if (n == cap) {
 			snprintf(err, errlen, "TFAB_AUTH_KEY_FILE=%s: longer than %zu bytes",
-				 cfg->auth_key_file, sizeof(ctx->auth_key) - 1);
-			OPENSSL_cleanse(ctx->auth_key, sizeof(ctx->auth_key));
+				 cfg->auth_key_file, cap - 1);
+			OPENSSL_cleanse(key, cap);
 			return -TFAB_ERR_CONFIG;
 		}
-		if (n && ctx->auth_key[n - 1] == '\n')
+		if (n && key[n - 1] == '\n')
 			n--;
 	} else {
 		return 0;
 	}
 	if (n < MIN_KEY) {
-		snprintf(err, errlen, "%s holds %zu bytes: a key needs at least %d",
-			 cfg->auth_key[0] ? "TFAB_AUTH_KEY" : "TFAB_AUTH_KEY_FILE", n, MIN_KEY);
-		OPENSSL_cleanse(ctx->auth_key, sizeof(ctx->auth_key));
+		snprintf(err, errlen, "%s%s%s holds %zu bytes: a key needs at least %d", name,
+			 cfg->auth_key[0] ? "" : "=", cfg->auth_key[0] ? "" : cfg->auth_key_file, n,
+			 MIN_KEY);
+		OPENSSL_cleanse(key, cap);
 		return -TFAB_ERR_CONFIG;
 	}
-	ctx->auth_key_len = n;
+	*len_p = n;
 	return 0;
+}
+
+int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen)
+{
+	return tfab__auth_key_read(&ctx->cfg, ctx->auth_key, sizeof(ctx->auth_key),
+				   &ctx->auth_key_len, err, errlen);
 }
 
 void tfab__auth_unload(struct tfab_context *ctx)

@@ -659,6 +659,13 @@ struct tfab_auth {
 	bool acceptor; /* this side accepted the connection */
 	uint8_t nonce_self[TFAB_AUTH_NONCE], nonce_peer[TFAB_AUTH_NONCE];
 };
+/*
+ * The key of TFAB_AUTH_KEY or TFAB_AUTH_KEY_FILE into key (cap bytes of room; *len_p 0 when
+ * neither is set). A short key, both set, or a file that cannot be read: -TFAB_ERR_CONFIG
+ * with err naming the setting.
+ */
+int tfab__auth_key_read(const struct tfab_config *cfg, uint8_t *key, size_t cap, size_t *len_p,
+			char *err, size_t errlen);
 /* Load the key of TFAB_AUTH_KEY or TFAB_AUTH_KEY_FILE into ctx (none set: no key). */
 int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen);
 void tfab__auth_unload(struct tfab_context *ctx);

@@ -183,6 +183,21 @@ static void format_size(const void *field, char *buf, size_t len)
 	snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)field);
 }
 
+/*
+ * A secret of at least min bytes, or none (""). Too short is -EKEYREJECTED: entry_set says
+ * so without the value, which it never shows.
+ */
+static int parse_secret(const char *text, void *field, size_t size, unsigned long min,
+			unsigned long max)
+{
+	size_t n = strlen(text);
+
+	(void)max;
+	if (n && n < min)
+		return -EKEYREJECTED;
+	return parse_string(text, field, size, 0, 0);
+}
+
 /* A secret is never shown: tfab-info and the logs see whether it is set, not what it is. */
 static void format_secret(const void *field, char *buf, size_t len)
 {
@@ -190,7 +205,7 @@ static void format_secret(const void *field, char *buf, size_t len)
 }
 
 static const struct tfab_config_parser parser_string = {"string", parse_string, format_string};
-static const struct tfab_config_parser parser_secret = {"secret", parse_string, format_secret};
+static const struct tfab_config_parser parser_secret = {"secret", parse_secret, format_secret};
 static const struct tfab_config_parser parser_bytes = {"auto|bytes", parse_bytes, format_bytes};
 static const struct tfab_config_parser parser_size = {"bytes", parse_size, format_size};
 static const struct tfab_config_parser parser_uint = {"uint", parse_uint, format_uint};
@@ -377,7 +392,7 @@ static const struct tfab_config_entry table[] = {
      "A shared secret of at least 16 bytes: peers prove they hold it (HMAC-SHA256) before "
      "anything else is exchanged, and one without it is refused (doc/security.md); shown as "
      "(set)",
-     FIELD(auth_key), &parser_secret, 0, 0},
+     FIELD(auth_key), &parser_secret, 16, 0},
     {"TFAB_AUTH_KEY_FILE", "",
      "A file holding the shared secret instead (its bytes, less one trailing newline); "
      "keeps it out of the environment of child processes",
@@ -418,6 +433,8 @@ static void entry_why(const struct tfab_config_entry *e, int rc, char *why, size
 		snprintf(why, len, "out of range (%lu..%lu)", e->min, e->max);
 	else if (rc == -ENAMETOOLONG)
 		snprintf(why, len, "longer than %zu bytes", e->size - 1);
+	else if (rc == -EKEYREJECTED)
+		snprintf(why, len, "shorter than %lu bytes, the least a key may be", e->min);
 	else
 		snprintf(why, len, "not a valid %s value: %s", e->parser->kind, tfab_strerror(rc));
 }
@@ -431,10 +448,15 @@ static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e,
 	if (rc == 0)
 		return 0;
 	if (errbuf && errlen) {
-		entry_why(e, rc, why, sizeof(why));
-		/* a secret never goes into a message, not even a wrong one */
-		snprintf(errbuf, errlen, "%s=%s is %s", e->name,
-			 tfab__config_secret(e) ? "(set)" : value, why);
+		if (rc == -EKEYREJECTED) { /* a secret: its length, never its value */
+			snprintf(errbuf, errlen, "%s holds %zu bytes: a key needs at least %lu",
+				 e->name, strlen(value), e->min);
+		} else {
+			entry_why(e, rc, why, sizeof(why));
+			/* a secret never goes into a message, not even a wrong one */
+			snprintf(errbuf, errlen, "%s=%s is %s", e->name,
+				 tfab__config_secret(e) ? "(set)" : value, why);
+		}
 	}
 	return -TFAB_ERR_CONFIG;
 }

@@ -2,7 +2,7 @@
  * The settings parser (lib/util/config.c): NAME, a NUL byte, then a value, any bytes (an
  * environment variable can hold any but NUL). Properties: no read outside the input; a value
  * refused leaves the setting as it was and says why; one taken formats back to a value that
- * is taken again and formats the same.
+ * is taken again and formats the same (a secret formats as "(set)", never as itself).
  */
 #include <string.h>
 
@@ -40,6 +40,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (tfab__config_set(&cfg, text, value, err, sizeof(err)) != 0) {
 			FUZZ_CHECK(memcmp(&cfg, &before, sizeof(cfg)) == 0);
 			FUZZ_CHECK(err[0] != '\0');
+		} else if (strcmp(e->parser->kind, "secret") == 0) {
+			/* a secret is never shown: it formats as whether it is set */
+			tfab__config_format(&cfg, e, f1, sizeof(f1));
+			FUZZ_CHECK(strcmp(f1, value[0] ? "(set)" : "") == 0);
 		} else {
 			tfab__config_format(&cfg, e, f1, sizeof(f1));
 			FUZZ_CHECK(tfab__config_set(&cfg, text, f1, err, sizeof(err)) == 0);

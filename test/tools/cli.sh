@@ -90,6 +90,21 @@ TFAB_RANK=0 TFAB_WORLD_SIZE=1 TFAB_TEST_STALL_MS=1 TFAB_FAULTS_SLACK_MS=1 TFAB_P
 	"$bin/tfab-info" >/dev/null 2>"$out/err"
 check "the project's own variables are not warned about" lacks -q 'not a tfab setting' "$out/err"
 
+# A short TFAB_AUTH_KEY, or a short key in TFAB_AUTH_KEY_FILE, fails tfab-info as it fails a
+# context: the setting named with the minimum, the key never shown.
+TFAB_AUTH_KEY=tiny-secret "$bin/tfab-info" >"$out/info" 2>"$out/err"
+check "a short TFAB_AUTH_KEY fails tfab-info" [ $? != 0 ]
+check "... naming the setting and the minimum" \
+	grep -q 'TFAB_AUTH_KEY holds 11 bytes: a key needs at least 16' "$out/err"
+check "... and not the key" lacks -r 'tiny-secret' "$out/info" "$out/err"
+printf 'tiny-secret\n' >"$out/key"
+TFAB_AUTH_KEY_FILE=$out/key "$bin/tfab-info" >/dev/null 2>"$out/err"
+check "a short key in TFAB_AUTH_KEY_FILE fails tfab-info" [ $? != 0 ]
+check "... naming the file and the minimum" \
+	grep -q "TFAB_AUTH_KEY_FILE=$out/key holds 11 bytes: a key needs at least 16" "$out/err"
+TFAB_AUTH_KEY=0123456789abcdef "$bin/tfab-info" >"$out/info" 2>/dev/null
+check "a key of 16 bytes is taken, shown as (set)" grep -q '^  TFAB_AUTH_KEY=(set) \[set\]' "$out/info"
+
 # The verbs backend: built or not, with a usable device or not, tfab-info and a forced
 # TFAB_PROVIDER=verbs say which, and why.
 verbs=$(python3 -c '

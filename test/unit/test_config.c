@@ -463,6 +463,32 @@ static void test_string_too_long(void **state)
 	assert_string_equal(cfg.ofi_domain, "");
 }
 
+/*
+ * TFAB_AUTH_KEY shorter than 16 bytes is refused where the settings are read (so tfab-info and
+ * tfab_settings_check say so, not only a context), with the setting's name and the minimum,
+ * and never the key itself; none ("") and 16 bytes are taken.
+ */
+static void test_auth_key_short(void **state)
+{
+	struct tfab_config cfg = {0};
+	char err[256] = "";
+
+	(void)state;
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_AUTH_KEY", "0123456789abcdef", NULL, 0), 0);
+	assert_int_equal(
+	    tfab__config_set(&cfg, "TFAB_AUTH_KEY", "sec-ret-15bytes", err, sizeof(err)),
+	    -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_AUTH_KEY holds 15 bytes: a key needs at least 16"));
+	assert_null(strstr(err, "sec-ret"));
+	assert_string_equal(cfg.auth_key, "0123456789abcdef"); /* kept */
+	assert_int_equal(tfab__config_set(&cfg, "TFAB_AUTH_KEY", "", NULL, 0), 0);
+	setenv("TFAB_AUTH_KEY", "short", 1);
+	err[0] = '\0';
+	assert_int_equal(tfab_settings_check(err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "TFAB_AUTH_KEY holds 5 bytes: a key needs at least 16"));
+	assert_null(strstr(err, "short"));
+}
+
 /* "auto" or a number: auto is stored as -1, numbers keep their bounds. */
 static void test_auto_or_number(void **state)
 {
@@ -586,6 +612,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_set_unknown, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_set_invalid_keeps_field, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_string_too_long, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_auth_key_short, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_auto_or_number, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_public_settings, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_public_value_reflects_env, clean_env, clean_env),
