@@ -11,18 +11,17 @@
  *   PROOF(HMAC(K, 'C', C, A)) ──►
  *                            ◄───     PROOF(HMAC(K, 'A', A, C)) (REFUSE: a wrong proof)
  *   blob, TAG(HMAC(K, 'C', C, A, blob)) ◄──► blob, TAG(...'A'...)
+ *
+ * Nothing here reads or writes a socket: each message of the peer's is handed in whole, and
+ * what goes back is queued (engine/handshake.c moves the bytes), so that a side holds many
+ * handshakes at once and the reading can be fuzzed (test/fuzz/fuzz_auth.c).
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -32,12 +31,8 @@
 #include <tfab/status.h>
 
 #include "engine/engine.h"
-#include "util/log.h"
 #include "util/sock.h"
-#include "util/time.h"
 
-#define SUBSYS "engine"
-#define MIN_KEY 16
 #define MAGIC_LEN 4
 
 static const char hello_magic[MAGIC_LEN] = {'T', 'F', 'A', 'U'};
@@ -46,6 +41,8 @@ static const char refuse_magic[MAGIC_LEN] = {'T', 'F', 'A', 'R'};
 #define AUTH_VERSION 1
 #define HELLO_LEN (MAGIC_LEN + 2 + TFAB_AUTH_NONCE)
 #define PROOF_LEN (MAGIC_LEN + TFAB_AUTH_MAC)
+
+_Static_assert(HELLO_LEN == TFAB_AUTH_MSG_MAX, "a HELLO is the longest message");
 
 int tfab__auth_key_read(const struct tfab_config *cfg, uint8_t *key, size_t cap, size_t *len_p,
 			char *err, size_t errlen)
@@ -88,10 +85,10 @@ int tfab__auth_key_read(const struct tfab_config *cfg, uint8_t *key, size_t cap,
 	} else {
 		return 0;
 	}
-	if (n < MIN_KEY) {
+	if (n < TFAB_AUTH_MIN_KEY) {
 		snprintf(err, errlen, "%s%s%s holds %zu bytes: a key needs at least %d", name,
 			 cfg->auth_key[0] ? "" : "=", cfg->auth_key[0] ? "" : cfg->auth_key_file, n,
-			 MIN_KEY);
+			 TFAB_AUTH_MIN_KEY);
 		OPENSSL_cleanse(key, cap);
 		return -TFAB_ERR_CONFIG;
 	}
@@ -113,8 +110,8 @@ void tfab__auth_unload(struct tfab_context *ctx)
 }
 
 /* HMAC-SHA256(key, "tfab-auth-1" | what | role | nonce of role | the other | data). */
-static int mac(const struct tfab_context *ctx, const struct tfab_auth *a, const char *what,
-	       bool of_acceptor, const void *data, size_t len, uint8_t out[TFAB_AUTH_MAC])
+static int mac(const struct tfab_auth *a, const char *what, bool of_acceptor, const void *data,
+	       size_t len, uint8_t out[TFAB_AUTH_MAC])
 {
 	static const char label[] = "tfab-auth-1";
 	size_t wlen = strlen(what), n = sizeof(label) - 1 + wlen + 1 + 2 * TFAB_AUTH_NONCE + len;
@@ -135,76 +132,32 @@ static int mac(const struct tfab_context *ctx, const struct tfab_auth *a, const 
 	p += TFAB_AUTH_NONCE;
 	if (len)
 		memcpy(p, data, len);
-	ok = HMAC(EVP_sha256(), ctx->auth_key, (int)ctx->auth_key_len, m, n, out, &outlen) &&
+	ok = HMAC(EVP_sha256(), a->key, (int)a->key_len, m, n, out, &outlen) &&
 	     outlen == TFAB_AUTH_MAC;
 	free(m);
 	return ok ? 0 : -ENOMEM;
 }
 
-/* Who is at the other end of fd, for the log. */
-static void who(int fd, char *buf, size_t len)
+static bool is(const uint8_t *msg, uint32_t len, const char magic[MAGIC_LEN])
 {
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-	char host[64] = "?";
-	unsigned port = 0;
-
-	if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
-		if (ss.ss_family == AF_INET) {
-			struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-
-			inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-			port = ntohs(in->sin_port);
-		} else if (ss.ss_family == AF_INET6) {
-			struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-
-			inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-			port = ntohs(in6->sin6_port);
-		}
-	}
-	snprintf(buf, len, "%s:%u", host, port);
+	return msg && len >= MAGIC_LEN && memcmp(msg, magic, MAGIC_LEN) == 0;
 }
 
-/*
- * Tell the peer no, and read what it still sends until it closes (for at most a second):
- * closing with its bytes unread would reset the connection, and the refusal with it.
- */
-static int refuse(int fd, int timeout_ms, const char *why)
+/* We say no: a REFUSE goes out, and nothing more is taken. */
+static int refuse(struct tfab_auth *a, struct tfab_frame_tx *out)
 {
-	uint64_t until = tfab__now_ms() + 1000;
-	char peer[96], sink[4096];
-
-	who(fd, peer, sizeof(peer));
-	TFAB_WARN(SUBSYS, "refused a peer at %s: %s", peer, why);
-	(void)tfab__sock_send_msg(fd, refuse_magic, MAGIC_LEN, timeout_ms);
-	shutdown(fd, SHUT_WR);
-	for (uint64_t now = tfab__now_ms(); now < until; now = tfab__now_ms()) {
-		struct pollfd p = {.fd = fd, .events = POLLIN};
-
-		if (poll(&p, 1, (int)(until - now)) <= 0 || read(fd, sink, sizeof(sink)) <= 0)
-			break;
-	}
-	return -TFAB_ERR_AUTH;
+	a->stage = TFAB_AUTH_FAILED;
+	a->refused = true;
+	return tfab__frame_tx_put(out, refuse_magic, MAGIC_LEN) ? -ENOMEM : -TFAB_ERR_AUTH;
 }
 
-/* What a first message that is not ours says. */
-static int unexpected(int fd, const uint8_t *m, uint32_t len, int timeout_ms, bool keyed)
+static int failed(struct tfab_auth *a, int status)
 {
-	if (len >= MAGIC_LEN && memcmp(m, refuse_magic, MAGIC_LEN) == 0) {
-		TFAB_ERROR(SUBSYS, "the peer refused us: %s",
-			   keyed ? "it holds another TFAB_AUTH_KEY"
-				 : "it requires a TFAB_AUTH_KEY, and none is set here");
-		return -TFAB_ERR_AUTH;
-	}
-	if (!keyed) {
-		TFAB_ERROR(SUBSYS, "the peer requires authentication (TFAB_AUTH_KEY), and no key "
-				   "is set here");
-		return -TFAB_ERR_AUTH;
-	}
-	return refuse(fd, timeout_ms, "it did not authenticate (no TFAB_AUTH_KEY there?)");
+	a->stage = TFAB_AUTH_FAILED;
+	return status;
 }
 
-static int hello_send(int fd, const struct tfab_auth *a, int timeout_ms)
+static int hello_put(const struct tfab_auth *a, struct tfab_frame_tx *out)
 {
 	uint8_t msg[HELLO_LEN];
 
@@ -212,122 +165,165 @@ static int hello_send(int fd, const struct tfab_auth *a, int timeout_ms)
 	msg[MAGIC_LEN] = AUTH_VERSION;
 	msg[MAGIC_LEN + 1] = a->acceptor ? 'A' : 'C';
 	memcpy(msg + MAGIC_LEN + 2, a->nonce_self, TFAB_AUTH_NONCE);
-	return tfab__sock_send_msg(fd, msg, HELLO_LEN, timeout_ms);
+	return tfab__frame_tx_put(out, msg, HELLO_LEN);
 }
 
-/* The other side's hello, its nonce into a; anything else is refused. */
-static int hello_recv(int fd, struct tfab_auth *a, int timeout_ms)
-{
-	uint8_t msg[HELLO_LEN];
-	uint32_t len;
-	int rc = tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, timeout_ms);
-
-	if (rc == -EMSGSIZE) /* a blob: a peer without a key */
-		return unexpected(fd, msg, 0, timeout_ms, true);
-	if (rc)
-		return rc;
-	if (len != HELLO_LEN || memcmp(msg, hello_magic, MAGIC_LEN) ||
-	    msg[MAGIC_LEN] != AUTH_VERSION || msg[MAGIC_LEN + 1] != (a->acceptor ? 'C' : 'A'))
-		return unexpected(fd, msg, len, timeout_ms, true);
-	memcpy(a->nonce_peer, msg + MAGIC_LEN + 2, TFAB_AUTH_NONCE);
-	return 0;
-}
-
-static int proof_send(const struct tfab_context *ctx, int fd, const struct tfab_auth *a,
-		      int timeout_ms)
+static int proof_put(const struct tfab_auth *a, struct tfab_frame_tx *out)
 {
 	uint8_t msg[PROOF_LEN];
 	int rc;
 
 	memcpy(msg, proof_magic, MAGIC_LEN);
-	rc = mac(ctx, a, "proof", a->acceptor, NULL, 0, msg + MAGIC_LEN);
-	return rc ? rc : tfab__sock_send_msg(fd, msg, PROOF_LEN, timeout_ms);
+	rc = mac(a, "proof", a->acceptor, NULL, 0, msg + MAGIC_LEN);
+	return rc ? rc : tfab__frame_tx_put(out, msg, PROOF_LEN);
 }
 
-int tfab__auth_handshake(struct tfab_context *ctx, int fd, bool acceptor, int timeout_ms,
-			 struct tfab_auth *a)
+int tfab__auth_start(struct tfab_auth *a, const uint8_t *key, size_t key_len, bool acceptor,
+		     const uint8_t *nonce, struct tfab_frame_tx *out)
 {
-	uint8_t msg[PROOF_LEN], want[TFAB_AUTH_MAC];
-	uint32_t len;
-	int rc;
-
 	memset(a, 0, sizeof(*a));
 	a->acceptor = acceptor;
-	if (!ctx->auth_key_len)
+	a->stage = TFAB_AUTH_DONE;
+	if (!key_len)
 		return 0;
 	a->on = true;
-	if (RAND_bytes(a->nonce_self, TFAB_AUTH_NONCE) != 1)
+	a->key = key;
+	a->key_len = key_len;
+	a->stage = TFAB_AUTH_HELLO;
+	if (nonce)
+		memcpy(a->nonce_self, nonce, TFAB_AUTH_NONCE);
+	else if (RAND_bytes(a->nonce_self, TFAB_AUTH_NONCE) != 1)
 		return -EIO;
-	if (acceptor) {
-		/* The connector's hello first: a stranger gets nothing until it sent one. */
-		rc = hello_recv(fd, a, timeout_ms);
-		if (rc == 0)
-			rc = hello_send(fd, a, timeout_ms);
-		if (rc)
-			return rc;
-	} else {
-		rc = hello_send(fd, a, timeout_ms);
-		if (rc == 0)
-			rc = hello_recv(fd, a, timeout_ms);
-		if (rc)
-			return rc;
-		rc = proof_send(ctx, fd, a, timeout_ms); /* ours first */
-		if (rc)
-			return rc;
-	}
-	/* The peer's proof: the connector's (acceptor), then the acceptor's (connector). */
-	rc = tfab__sock_recv_msg(fd, msg, sizeof(msg), &len, timeout_ms);
-	if (rc == -EMSGSIZE)
-		return refuse(fd, timeout_ms, "a wrong proof of TFAB_AUTH_KEY");
-	if (rc)
-		return rc;
-	if (len >= MAGIC_LEN && memcmp(msg, refuse_magic, MAGIC_LEN) == 0)
-		return unexpected(fd, msg, len, timeout_ms, true);
-	rc = mac(ctx, a, "proof", !acceptor, NULL, 0, want);
-	if (rc)
-		return rc;
-	if (len != PROOF_LEN || memcmp(msg, proof_magic, MAGIC_LEN) ||
-	    CRYPTO_memcmp(msg + MAGIC_LEN, want, TFAB_AUTH_MAC) != 0)
-		return refuse(fd, timeout_ms, "a wrong proof of TFAB_AUTH_KEY");
-	return acceptor ? proof_send(ctx, fd, a, timeout_ms) : 0;
+	/* The acceptor says hello only after the connector did: a stranger gets nothing first. */
+	return acceptor ? 0 : hello_put(a, out);
 }
 
-int tfab__auth_blob_send(struct tfab_context *ctx, int fd, const struct tfab_auth *a,
-			 const void *blob, uint32_t len, int timeout_ms)
+/* A message where the peer's HELLO was due. */
+static int take_hello(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
+		      struct tfab_frame_tx *out, char *why, size_t whylen)
+{
+	int rc;
+
+	if (is(msg, len, refuse_magic)) {
+		snprintf(why, whylen, "it refused us: it holds another TFAB_AUTH_KEY, or none");
+		return failed(a, -TFAB_ERR_AUTH);
+	}
+	if (!msg || len != HELLO_LEN || !is(msg, len, hello_magic) ||
+	    msg[MAGIC_LEN] != AUTH_VERSION || msg[MAGIC_LEN + 1] != (a->acceptor ? 'C' : 'A')) {
+		if (!msg)
+			snprintf(why, whylen,
+				 "it sent a message of %u bytes where its HELLO (%d) was due", len,
+				 HELLO_LEN);
+		else if (!is(msg, len, hello_magic))
+			snprintf(why, whylen,
+				 "it sent %u bytes that are no HELLO where its HELLO was due", len);
+		else
+			snprintf(why, whylen,
+				 "its HELLO is malformed (%u bytes, version %u, role %u)", len,
+				 len > MAGIC_LEN ? msg[MAGIC_LEN] : 0,
+				 len > MAGIC_LEN + 1 ? msg[MAGIC_LEN + 1] : 0);
+		if (!a->acceptor) /* an acceptor that is no tfab peer: nothing to refuse */
+			return failed(a, -TFAB_ERR_PROTOCOL);
+		snprintf(why + strlen(why), whylen - strlen(why),
+			 ": it did not authenticate (no TFAB_AUTH_KEY there?)");
+		return refuse(a, out);
+	}
+	memcpy(a->nonce_peer, msg + MAGIC_LEN + 2, TFAB_AUTH_NONCE);
+	a->stage = TFAB_AUTH_PROOF;
+	/* The acceptor's hello answers the connector's; the connector then proves itself first. */
+	rc = a->acceptor ? hello_put(a, out) : proof_put(a, out);
+	return rc ? failed(a, rc) : 0;
+}
+
+/* A message where the peer's PROOF was due. */
+static int take_proof(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
+		      struct tfab_frame_tx *out, char *why, size_t whylen)
+{
+	uint8_t want[TFAB_AUTH_MAC];
+	int rc;
+
+	if (is(msg, len, refuse_magic)) {
+		snprintf(why, whylen, "it refused our proof: it holds another TFAB_AUTH_KEY");
+		return failed(a, -TFAB_ERR_AUTH);
+	}
+	rc = mac(a, "proof", !a->acceptor, NULL, 0, want);
+	if (rc)
+		return failed(a, rc);
+	/* Every byte counts: CRYPTO_memcmp over the whole MAC, in constant time. */
+	if (!msg || len != PROOF_LEN || !is(msg, len, proof_magic) ||
+	    CRYPTO_memcmp(msg + MAGIC_LEN, want, TFAB_AUTH_MAC) != 0) {
+		snprintf(why, whylen, "a wrong proof of TFAB_AUTH_KEY (%u bytes)", len);
+		return refuse(a, out);
+	}
+	a->stage = TFAB_AUTH_DONE;
+	rc = a->acceptor ? proof_put(a, out) : 0;
+	return rc ? failed(a, rc) : 1;
+}
+
+int tfab__auth_take(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
+		    struct tfab_frame_tx *out, char *why, size_t whylen)
+{
+	switch (a->stage) {
+	case TFAB_AUTH_HELLO:
+		return take_hello(a, msg, len, out, why, whylen);
+	case TFAB_AUTH_PROOF:
+		return take_proof(a, msg, len, out, why, whylen);
+	case TFAB_AUTH_DONE:
+		return 1;
+	default:
+		snprintf(why, whylen, "the handshake has already failed");
+		return -TFAB_ERR_AUTH;
+	}
+}
+
+int tfab__auth_tag_put(const struct tfab_auth *a, const void *data, uint32_t len,
+		       struct tfab_frame_tx *out)
 {
 	uint8_t tag[TFAB_AUTH_MAC];
-	int rc = tfab__sock_send_msg(fd, blob, len, timeout_ms);
+	int rc;
 
-	if (rc || !a->on)
-		return rc;
-	rc = mac(ctx, a, "blob", a->acceptor, blob, len, tag);
-	if (rc == 0)
-		rc = tfab__sock_send_msg(fd, tag, sizeof(tag), timeout_ms);
-	return rc;
+	if (!a->on)
+		return 0;
+	rc = mac(a, "blob", a->acceptor, data, len, tag);
+	return rc ? rc : tfab__frame_tx_put(out, tag, sizeof(tag));
 }
 
-int tfab__auth_blob_recv(struct tfab_context *ctx, int fd, const struct tfab_auth *a, void *blob,
-			 uint32_t cap, uint32_t *len_p, int timeout_ms)
+int tfab__auth_tag_check(struct tfab_auth *a, const void *data, uint32_t len, const uint8_t *tag,
+			 uint32_t tlen, struct tfab_frame_tx *out, char *why, size_t whylen)
 {
-	uint8_t tag[TFAB_AUTH_MAC], want[TFAB_AUTH_MAC];
-	uint32_t tlen;
-	int rc = tfab__sock_recv_msg(fd, blob, cap, len_p, timeout_ms);
+	uint8_t want[TFAB_AUTH_MAC];
+	int rc;
 
-	if (rc)
-		return rc;
-	if (!a->on) {
-		/* A keyed peer's hello, or its refusal, where a blob was due. */
-		if (*len_p >= MAGIC_LEN && (memcmp(blob, hello_magic, MAGIC_LEN) == 0 ||
-					    memcmp(blob, refuse_magic, MAGIC_LEN) == 0))
-			return unexpected(fd, blob, *len_p, timeout_ms, false);
+	if (!a->on)
 		return 0;
+	if (a->stage != TFAB_AUTH_DONE) {
+		snprintf(why, whylen, "a tag before the handshake was done");
+		return refuse(a, out);
 	}
-	rc = tfab__sock_recv_msg(fd, tag, sizeof(tag), &tlen, timeout_ms);
-	if (rc == 0)
-		rc = mac(ctx, a, "blob", !a->acceptor, blob, *len_p, want);
+	rc = mac(a, "blob", !a->acceptor, data, len, want);
 	if (rc)
-		return rc;
-	if (tlen != sizeof(tag) || CRYPTO_memcmp(tag, want, sizeof(tag)) != 0)
-		return refuse(fd, timeout_ms, "its connection blob does not carry its key's tag");
+		return failed(a, rc);
+	if (!tag || tlen != sizeof(want) || CRYPTO_memcmp(tag, want, sizeof(want)) != 0) {
+		snprintf(why, whylen, "its message of %u bytes does not carry its key's tag", len);
+		return refuse(a, out);
+	}
 	return 0;
+}
+
+int tfab__auth_unkeyed(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
+		       struct tfab_frame_tx *out, char *why, size_t whylen)
+{
+	if (a->on)
+		return 0;
+	if (is(msg, len, refuse_magic)) {
+		snprintf(why, whylen,
+			 "it refused us: it requires a TFAB_AUTH_KEY, and none is set "
+			 "here");
+		return failed(a, -TFAB_ERR_AUTH);
+	}
+	if (!is(msg, len, hello_magic))
+		return 0;
+	snprintf(why, whylen, "it asks for authentication (TFAB_AUTH_KEY), and no key is set here");
+	/* A keyed connector waits for our hello: a refusal tells it why it gets none. */
+	return a->acceptor ? refuse(a, out) : failed(a, -TFAB_ERR_AUTH);
 }

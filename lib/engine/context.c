@@ -447,6 +447,10 @@ int tfab_context_create_with(struct tfab_context **ctx_p, const char *const *nam
 	tfab__list_init(&ctx->meta_lru);
 	ctx->listen_fd = -1;
 	rc = tfab__config_init_with(&ctx->cfg, names, values, n, err, sizeof(err));
+	if (tfab__accepts_open(ctx) && rc == 0) {
+		snprintf(err, sizeof(err), "no memory for the bootstrap's handshakes");
+		rc = -ENOMEM;
+	}
 	if (rc == 0)
 		rc = tfab__auth_load(ctx, err, sizeof(err));
 	if (rc == 0)
@@ -494,6 +498,7 @@ err:
 	tfab__freelist_fini(&ctx->req_fl);
 	tfab__paths_close(ctx);
 	tfab__cuda_close(ctx->cuda);
+	tfab__accepts_close(ctx);
 	tfab__auth_unload(ctx);
 	tfab__heartbeat_close(ctx->heartbeat);
 	pthread_cond_destroy(&ctx->cond);
@@ -626,6 +631,8 @@ int tfab_context_destroy(struct tfab_context *ctx)
 		pthread_join(ctx->progress_thread, NULL);
 		ctx->thread_running = false;
 	}
+	/* Connections still in their handshakes close (and their peers go) first. */
+	tfab__accepts_close(ctx);
 	tfab_abort(ctx, -TFAB_ERR_ABORTED);
 	tfab__ctx_lock(ctx);
 	/*

@@ -435,6 +435,13 @@ struct tfab_context {
 	uint64_t orphans;		 /* failed sends whose writes are still in flight */
 	int abort_status;
 	int listen_fd;
+	/*
+	 * Connections to listen_fd in their bootstrap handshakes (handshake.h), many at once,
+	 * kept from one tfab_accept to the next; accept_lock serialises the calls that move
+	 * them (tfab_accept, and the liveness checks' reaping of those past their deadline).
+	 */
+	pthread_mutex_t accept_lock;
+	struct tfab_hs_set *accepts;
 	uint64_t next_liveness_ms;
 	struct tfab_heartbeat *heartbeat; /* TFAB_HEARTBEAT_MS, or NULL for none */
 	uint8_t auth_key[256]; /* TFAB_AUTH_KEY(_FILE): auth_key_len bytes, 0 when unset */
@@ -610,6 +617,9 @@ int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
  */
 bool tfab__peers_flush(struct tfab_context *ctx, bool hold_new); /* nothing left waiting */
 void tfab__peers_check_liveness(struct tfab_context *ctx);
+/* The bootstrap's handshakes to listen_fd (ctx->accepts): made with the context, ended with it. */
+int tfab__accepts_open(struct tfab_context *ctx);
+void tfab__accepts_close(struct tfab_context *ctx);
 /* Frees the peer, or, while writes of ours to it are in flight, what they do not use. */
 void tfab__peer_free(struct tfab_peer *peer);
 /* A write to the peer completed: the last of a freed peer's frees the rest. */
@@ -653,12 +663,26 @@ void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms);
 
 /* Authenticated bootstrap (auth.c, doc/security.md). */
 #define TFAB_AUTH_NONCE 32
-#define TFAB_AUTH_MAC 32 /* HMAC-SHA256 */
+#define TFAB_AUTH_MAC 32     /* HMAC-SHA256 */
+#define TFAB_AUTH_MIN_KEY 16 /* bytes */
+#define TFAB_AUTH_MSG_MAX 38 /* the longest message of the handshake (a HELLO) */
+enum tfab_auth_stage {
+	TFAB_AUTH_HELLO, /* the peer's HELLO is due */
+	TFAB_AUTH_PROOF, /* its PROOF */
+	TFAB_AUTH_DONE,	 /* it proved it holds the key (or there is none) */
+	TFAB_AUTH_FAILED,
+};
 struct tfab_auth {
-	bool on;       /* a key is set: the handshake ran and the blobs carry tags */
+	bool on;       /* a key is set: the handshake runs and messages carry tags */
 	bool acceptor; /* this side accepted the connection */
+	bool refused;  /* this side refused the peer: a REFUSE is queued */
+	uint8_t stage; /* enum tfab_auth_stage */
+	const uint8_t *key;
+	size_t key_len;
 	uint8_t nonce_self[TFAB_AUTH_NONCE], nonce_peer[TFAB_AUTH_NONCE];
 };
+struct tfab_config;
+struct tfab_frame_tx;
 /*
  * The key of TFAB_AUTH_KEY or TFAB_AUTH_KEY_FILE into key (cap bytes of room; *len_p 0 when
  * neither is set). A short key, both set, or a file that cannot be read: -TFAB_ERR_CONFIG
@@ -666,20 +690,37 @@ struct tfab_auth {
  */
 int tfab__auth_key_read(const struct tfab_config *cfg, uint8_t *key, size_t cap, size_t *len_p,
 			char *err, size_t errlen);
-/* Load the key of TFAB_AUTH_KEY or TFAB_AUTH_KEY_FILE into ctx (none set: no key). */
+/* Load the key into ctx (none set: no key). */
 int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen);
 void tfab__auth_unload(struct tfab_context *ctx);
 /*
- * With a key: prove to the peer at fd that we hold it, and check its proof; -TFAB_ERR_AUTH
- * (logged) if it does not, or asks for one we do not have. Without: nothing, *a off.
+ * A new connection's handshake: with a key (key_len > 0) draws this side's nonce (nonce NULL;
+ * the fuzz target and its seeds give one), and a connector queues its HELLO into out;
+ * without, a is off and done at once.
  */
-int tfab__auth_handshake(struct tfab_context *ctx, int fd, bool acceptor, int timeout_ms,
-			 struct tfab_auth *a);
-/* A connection blob out, and in, with its tag when a is on. */
-int tfab__auth_blob_send(struct tfab_context *ctx, int fd, const struct tfab_auth *a,
-			 const void *blob, uint32_t len, int timeout_ms);
-int tfab__auth_blob_recv(struct tfab_context *ctx, int fd, const struct tfab_auth *a, void *blob,
-			 uint32_t cap, uint32_t *len_p, int timeout_ms);
+int tfab__auth_start(struct tfab_auth *a, const uint8_t *key, size_t key_len, bool acceptor,
+		     const uint8_t *nonce, struct tfab_frame_tx *out);
+/*
+ * One message of the peer's during the handshake (msg NULL: one of len bytes, too long for
+ * the handshake, not read). 0: another is due; 1: the peer proved it holds the key (an
+ * acceptor's proof is queued). Or a status, with why: -TFAB_ERR_AUTH for a wrong proof or a
+ * refusal (a->refused: this side refused, a REFUSE is queued; else the peer refused us),
+ * -TFAB_ERR_PROTOCOL for an acceptor whose first message is none of the handshake's.
+ */
+int tfab__auth_take(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
+		    struct tfab_frame_tx *out, char *why, size_t whylen);
+/* After a message of ours, its tag (nothing when a is off). */
+int tfab__auth_tag_put(const struct tfab_auth *a, const void *data, uint32_t len,
+		       struct tfab_frame_tx *out);
+/* The peer's tag over its message: 0, or -TFAB_ERR_AUTH with why and a REFUSE queued. */
+int tfab__auth_tag_check(struct tfab_auth *a, const void *data, uint32_t len, const uint8_t *tag,
+			 uint32_t tlen, struct tfab_frame_tx *out, char *why, size_t whylen);
+/*
+ * Without a key: a keyed peer's HELLO or REFUSE where a message of the bootstrap was due is
+ * -TFAB_ERR_AUTH with why (an acceptor refuses: queued); anything else 0.
+ */
+int tfab__auth_unkeyed(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
+		       struct tfab_frame_tx *out, char *why, size_t whylen);
 
 /* strings.c */
 /* The destination a string tensor last nbytes long gets: TFAB_STRINGS_HEADROOM more. */

@@ -14,6 +14,7 @@
 #include <tfab/status.h>
 
 #include "engine/engine.h"
+#include "engine/handshake.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/time.h"
@@ -549,7 +550,11 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 
 /*
  * The TCP bootstrap: swap blobs over a connected socket, then a "connected" message each way,
- * and keep the socket to watch the peer.
+ * and keep the socket to watch the peer. Each connection is a handshake of handshake.h, so an
+ * acceptor moves every connection to its port on at once: a stranger delays no peer.
+ *
+ * The connector's blob goes first; the acceptor makes a peer (an inbox registered on every
+ * path) only for a blob that decodes, and sends its own then.
  *
  * The second exchange means that neither side leaves the bootstrap (and so neither can close
  * its endpoint) before the other has connected to it. libfabric 1.17's shm maps a peer's
@@ -558,59 +563,170 @@ int tfab_peer_destroy(struct tfab_peer *peer)
  * is kept unmapped without an error, and its first write's connection request then crashes
  * our fi_cq_read (smr_progress_connreq reads the region through a NULL pointer).
  */
-static int bootstrap(struct tfab_context *ctx, int fd, bool acceptor, int timeout_ms,
-		     struct tfab_peer **peer_p)
+enum { BOOT_BLOB, BOOT_CONNECTED };
+
+static const uint8_t boot_connected = 'C';
+
+static void boot_lock(struct tfab_hs *hs)
 {
-	uint8_t mine[TFAB_PEER_BLOB_MAX], theirs[sizeof(mine)];
-	static const uint8_t connected = 'C';
+	if (!hs->set->locked)
+		tfab__ctx_lock(hs->set->ctx);
+}
+
+static void boot_unlock(struct tfab_hs *hs)
+{
+	if (!hs->set->locked)
+		tfab__ctx_unlock(hs->set->ctx);
+}
+
+/* A peer of ours for the other side, its blob queued. */
+static int boot_offer(struct tfab_hs *hs)
+{
+	struct tfab_context *ctx = hs->set->ctx;
+	uint8_t mine[TFAB_PEER_BLOB_MAX];
 	size_t mlen = sizeof(mine);
-	uint32_t tlen;
 	struct tfab_peer *peer = NULL;
-	struct tfab_auth auth;
 	int rc;
 
-	/* With TFAB_AUTH_KEY, nothing of ours goes to a peer that has not proved it holds it. */
-	rc = tfab__auth_handshake(ctx, fd, acceptor, timeout_ms, &auth);
-	tfab__ctx_lock(ctx);
-	if (rc == 0)
-		rc = peer_new(ctx, &peer);
+	boot_lock(hs);
+	rc = peer_new(ctx, &peer);
 	if (rc == 0)
 		rc = peer_blob(peer, mine, &mlen);
-	tfab__ctx_unlock(ctx);
-	if (rc == 0)
-		rc = tfab__auth_blob_send(ctx, fd, &auth, mine, (uint32_t)mlen, timeout_ms);
-	if (rc == 0)
-		rc =
-		    tfab__auth_blob_recv(ctx, fd, &auth, theirs, sizeof(theirs), &tlen, timeout_ms);
-	if (rc == 0) {
-		tfab__ctx_lock(ctx);
-		rc = peer_connect(peer, theirs, tlen);
-		tfab__ctx_unlock(ctx);
-	}
-	if (rc == 0)
-		rc = tfab__sock_send_msg(fd, &connected, 1, timeout_ms);
-	if (rc == 0)
-		rc = tfab__sock_recv_msg(fd, theirs, sizeof(theirs), &tlen, timeout_ms);
-	if (rc == 0 && (tlen != 1 || theirs[0] != connected))
-		rc = -TFAB_ERR_PROTOCOL;
-	tfab__ctx_lock(ctx);
+	if (rc && peer)
+		tfab__peer_free(peer);
+	boot_unlock(hs);
 	if (rc) {
-		if (peer)
-			tfab__peer_free(peer);
-		tfab__ctx_unlock(ctx);
-		close(fd);
-		TFAB_ERROR(SUBSYS, "bootstrap with a peer failed: %s", tfab_strerror(rc));
+		snprintf(hs->why, sizeof(hs->why), "no peer of ours for it: %s", tfab_strerror(rc));
 		return rc;
 	}
-	peer->sock = fd;
-	peer_addr_of_sock(peer, fd);
-	rc = tfab__heartbeat_add(ctx->heartbeat, fd);
+	hs->data = peer;
+	return tfab__hs_put(hs, mine, (uint32_t)mlen, true);
+}
+
+static int boot_start(struct tfab_hs *hs)
+{
+	int rc = hs->acceptor ? 0 : boot_offer(hs);
+
+	hs->stage = BOOT_BLOB;
+	return rc ? rc : tfab__hs_expect(hs, TFAB_PEER_BLOB_MAX, true, "its connection blob");
+}
+
+static int boot_take(struct tfab_hs *hs, const uint8_t *msg, uint32_t len)
+{
+	struct tfab_wire_blob b;
+	int rc;
+
+	if (hs->stage == BOOT_CONNECTED) {
+		if (len == 1 && msg[0] == boot_connected)
+			return 1;
+		snprintf(hs->why, sizeof(hs->why),
+			 "it sent %u bytes where its one-byte connected message was due", len);
+		return -TFAB_ERR_PROTOCOL;
+	}
+	rc = tfab__wire_blob_decode(msg, len, &b);
+	if (rc) {
+		snprintf(hs->why, sizeof(hs->why), "%s (%u bytes)",
+			 rc == -TFAB_ERR_VERSION ? "its connection blob is of another protocol "
+						   "version"
+						 : "its first message is no connection blob",
+			 len);
+		return rc;
+	}
+	if (hs->acceptor) {
+		rc = boot_offer(hs);
+		if (rc)
+			return rc;
+	}
+	boot_lock(hs);
+	rc = peer_connect(hs->data, msg, len);
+	boot_unlock(hs);
+	if (rc) {
+		snprintf(hs->why, sizeof(hs->why), "cannot connect to its blob: %s",
+			 tfab_strerror(rc));
+		return rc;
+	}
+	hs->stage = BOOT_CONNECTED;
+	rc = tfab__hs_put(hs, &boot_connected, 1, false);
+	return rc ? rc : tfab__hs_expect(hs, 1, false, "its connected message");
+}
+
+static void boot_drop(struct tfab_hs *hs)
+{
+	if (!hs->data)
+		return;
+	boot_lock(hs);
+	tfab__peer_free(hs->data);
+	boot_unlock(hs);
+	hs->data = NULL;
+}
+
+static const struct tfab_hs_ops boot_ops = {
+    .start = boot_start, .take = boot_take, .drop = boot_drop};
+
+/* The handshake is done: its peer keeps the connection, to watch it. */
+static struct tfab_peer *boot_done(struct tfab_hs *hs)
+{
+	struct tfab_context *ctx = hs->set->ctx;
+	struct tfab_peer *peer = hs->data;
+	int rc;
+
+	tfab__ctx_lock(ctx);
+	peer->sock = hs->fd;
+	peer_addr_of_sock(peer, hs->fd);
+	rc = tfab__heartbeat_add(ctx->heartbeat, peer->sock);
 	if (rc)
 		TFAB_WARN(SUBSYS, "%s: no heartbeats to it: %s", tfab__peer_name(peer),
 			  tfab_strerror(rc));
-	TFAB_DEBUG(SUBSYS, "peer %u: bootstrap done", peer->id);
+	TFAB_DEBUG(SUBSYS, "peer %u: bootstrap with %s done", peer->id, hs->addr);
 	tfab__ctx_unlock(ctx);
-	*peer_p = peer;
+	hs->fd = -1;
+	hs->data = NULL;
+	tfab__hs_free(hs);
+	return peer;
+}
+
+int tfab__accepts_open(struct tfab_context *ctx)
+{
+	pthread_mutex_init(&ctx->accept_lock, NULL);
+	ctx->accepts = malloc(sizeof(*ctx->accepts));
+	if (!ctx->accepts)
+		return -ENOMEM;
+	tfab__hs_set_init(ctx->accepts, ctx, &boot_ops, NULL, "tfab_accept",
+			  ctx->cfg.handshake_timeout_ms);
+	return 0;
+}
+
+void tfab__accepts_close(struct tfab_context *ctx)
+{
+	if (!ctx->accepts)
+		return;
+	pthread_mutex_lock(&ctx->accept_lock);
+	tfab__hs_set_fini(ctx->accepts, "the context ended");
+	pthread_mutex_unlock(&ctx->accept_lock);
+	free(ctx->accepts);
+	ctx->accepts = NULL;
+	pthread_mutex_destroy(&ctx->accept_lock);
+}
+
+/* Called with ctx->lock held: handshakes between tfab_accept calls end by their deadline. */
+static void accepts_reap(struct tfab_context *ctx)
+{
+	if (!ctx->accepts || pthread_mutex_trylock(&ctx->accept_lock))
+		return; /* a tfab_accept is moving them */
+	ctx->accepts->locked = true;
+	tfab__hs_reap(ctx->accepts);
+	ctx->accepts->locked = false;
+	pthread_mutex_unlock(&ctx->accept_lock);
+}
+
+/* The accept lock, waited for until deadline (another thread's tfab_accept holds it). */
+static int accept_lock(struct tfab_context *ctx, uint64_t deadline)
+{
+	while (pthread_mutex_trylock(&ctx->accept_lock)) {
+		if (tfab__now_ms() >= deadline)
+			return -ETIMEDOUT;
+		usleep(1000);
+	}
 	return 0;
 }
 
@@ -623,37 +739,87 @@ int tfab_listen(struct tfab_context *ctx, const char *host, uint16_t port, uint1
 	rc = tfab__sock_listen(host, port, &fd, port_p);
 	if (rc)
 		return rc;
+	/* not under a tfab_accept polling the one it replaces */
+	pthread_mutex_lock(&ctx->accept_lock);
 	tfab__ctx_lock(ctx);
 	if (ctx->listen_fd >= 0)
 		close(ctx->listen_fd);
 	ctx->listen_fd = fd;
 	tfab__ctx_unlock(ctx);
+	pthread_mutex_unlock(&ctx->accept_lock);
 	return 0;
 }
 
 int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **peer_p)
 {
-	int fd, rc;
+	uint64_t deadline;
+	struct tfab_hs *hs;
+	int rc;
 
-	if (!ctx || !peer_p || ctx->listen_fd < 0)
+	if (!ctx || !peer_p || timeout_ms < 0)
 		return -EINVAL;
-	rc = tfab__sock_accept(ctx->listen_fd, timeout_ms, &fd);
+	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	rc = accept_lock(ctx, deadline);
 	if (rc)
 		return rc;
-	return bootstrap(ctx, fd, true, timeout_ms, peer_p);
+	if (ctx->listen_fd < 0) {
+		rc = -EINVAL;
+	} else {
+		ctx->accepts->timeout_ms = ctx->cfg.handshake_timeout_ms;
+		rc = tfab__hs_drive(ctx->accepts, ctx->listen_fd, deadline, &hs);
+		if (rc == 0)
+			*peer_p = boot_done(hs);
+	}
+	pthread_mutex_unlock(&ctx->accept_lock);
+	return rc;
 }
 
 int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port, int timeout_ms,
 		 struct tfab_peer **peer_p)
 {
+	uint64_t deadline;
+	struct tfab_hs_set set;
+	struct tfab_hs *hs = NULL;
+	char addr[300];
 	int fd, rc;
 
-	if (!ctx || !host || !peer_p)
+	if (!ctx || !host || !peer_p || timeout_ms < 0)
 		return -EINVAL;
-	rc = tfab__sock_connect(host, port, timeout_ms, &fd);
+	deadline = tfab__now_ms() + (uint64_t)timeout_ms;
+	snprintf(addr, sizeof(addr), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
+	rc = tfab__sock_connect(host, port, timeout_ms, &fd); /* says why it failed */
 	if (rc)
 		return rc;
-	return bootstrap(ctx, fd, false, timeout_ms, peer_p);
+	tfab__hs_set_init(&set, ctx, &boot_ops, NULL, "tfab_connect",
+			  ctx->cfg.handshake_timeout_ms);
+	rc = tfab__hs_connect(&set, fd, addr, deadline, &hs);
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	/* a refusal of ours may still be going out: a little past the deadline */
+	rc = tfab__hs_drive(&set, -1, deadline + TFAB_HS_LINGER_MS, &hs);
+	if (rc == 0 && hs->state == TFAB_HS_DONE) {
+		*peer_p = boot_done(hs);
+		tfab__hs_set_fini(&set, "tfab_connect returned");
+		return 0;
+	}
+	if (rc == 0) {
+		rc = hs->status;
+		if (rc == -TFAB_ERR_PROTOCOL)
+			TFAB_ERROR(SUBSYS, "tfab_connect: %s is not a tfab peer (%s)", addr,
+				   hs->why);
+		else if (rc == -ETIMEDOUT)
+			TFAB_ERROR(SUBSYS, "tfab_connect: %s: %s within %d ms (is it a tfab peer?)",
+				   addr, hs->why, timeout_ms);
+		else
+			TFAB_ERROR(SUBSYS, "tfab_connect: %s: %s", addr, hs->why);
+		tfab__hs_free(hs);
+	} else {
+		TFAB_ERROR(SUBSYS, "tfab_connect: %s: %s", addr, tfab_strerror(rc));
+	}
+	tfab__hs_set_fini(&set, "tfab_connect returned");
+	return rc;
 }
 
 /* Control messages out. */
@@ -1520,6 +1686,7 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 		return;
 	ctx->next_liveness_ms = now + LIVENESS_MS;
 	tfab__pool_trim(ctx->pool); /* blocks the application returned, beyond the bound */
+	accepts_reap(ctx);
 	tfab_list_for_each_safe(l, t, &ctx->peers)
 	{
 		struct tfab_peer *peer = tfab_container_of(l, struct tfab_peer, link);

@@ -3,8 +3,8 @@
  *
  * Meeting: each rank has a record (its rank, the world's size, the port its context listens
  * on, the address the others reach it at, its name). Rank 0 collects them over TCP (a
- * torchrun-style environment) and answers each rank with all of them, or with why not; or the
- * application's allgather moves them. Connecting: rank i connects to every rank below it (a
+ * torchrun-style environment), every connection at once, and answers each rank with all of
+ * them, or with why not; or the application's allgather moves them. Connecting: rank i connects to every rank below it (a
  * rank accepts only once it has connected to those below it, so nothing waits in a circle),
  * and says who it is in a one-int32 tensor on the new peer; then each rank takes the hellos of
  * the ranks it accepted, which tells it which peer is which.
@@ -22,6 +22,7 @@
 #include <tfab/world.h>
 
 #include "engine/engine.h"
+#include "engine/handshake.h"
 #include "engine/world.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -29,31 +30,18 @@
 
 #define SUBSYS "world"
 
-/*
- * A rank's record on the wire: magic, version, rank, size, port, host and name (NUL-padded),
- * then the settings every rank must share (TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER,
- * TFAB_COLL_SHM).
- */
 #define REC_MAGIC 0x54465752u /* "TFWR" */
 #define REC_VERSION 3
-#define REC_HOST 256
-#define REC_NAME (TFAB_WORLD_NAME_MAX + 1)
-#define REC_SHARED (16 + REC_HOST + REC_NAME)
-#define REC_LEN (REC_SHARED + 4 + 4 + 4)
+#define REC_HOST TFAB_WORLD_REC_HOST
+#define REC_NAME TFAB_WORLD_REC_NAME
+#define REC_SHARED TFAB_WORLD_REC_SHARED
+#define REC_LEN TFAB_WORLD_REC_LEN
 /* Rank 0's answer: 'T' and every record in rank order, or 'E', a status and why. */
 #define ANSWER_TABLE 'T'
 #define ANSWER_ERROR 'E'
-#define ANSWER_WHY 512
+#define ANSWER_WHY TFAB_WORLD_ANSWER_WHY
 
 static const char HELLO_KEY[] = "tfab.world.hello";
-
-struct rank_rec {
-	uint32_t rank, size;
-	uint32_t small, eager, shm; /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER, TFAB_COLL_SHM */
-	uint16_t port;
-	char host[REC_HOST];
-	char name[REC_NAME];
-};
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -69,7 +57,7 @@ static uint32_t get32(const uint8_t *p)
 	return ntohl(v);
 }
 
-static void rec_pack(const struct rank_rec *r, uint8_t *out)
+void tfab__world_rec_pack(const struct rank_rec *r, uint8_t *out)
 {
 	uint16_t v;
 
@@ -88,24 +76,115 @@ static void rec_pack(const struct rank_rec *r, uint8_t *out)
 	put32(out + REC_SHARED + 8, r->shm);
 }
 
-/* 0, or -TFAB_ERR_PROTOCOL for what is no record of ours. */
-static int rec_unpack(const uint8_t *in, struct rank_rec *r)
+/* A string field: text, then NULs to its end (at least one), as rec_pack writes it. */
+static bool padded(const uint8_t *p, size_t len)
+{
+	size_t n = strnlen((const char *)p, len);
+
+	if (n == len)
+		return false;
+	for (size_t i = n; i < len; i++) {
+		if (p[i])
+			return false;
+	}
+	return true;
+}
+
+int tfab__world_rec_parse(const uint8_t *msg, size_t len, struct rank_rec *r, char *why,
+			  size_t whylen)
 {
 	uint16_t v;
 
-	memcpy(&v, in + 4, 2);
-	if (get32(in) != REC_MAGIC || ntohs(v) != REC_VERSION || in[16 + REC_HOST - 1] ||
-	    in[16 + REC_HOST + REC_NAME - 1])
+	if (len != REC_LEN) {
+		snprintf(why, whylen, "%zu bytes where a record of %d was due", len, REC_LEN);
 		return -TFAB_ERR_PROTOCOL;
-	r->rank = get32(in + 6);
-	r->size = get32(in + 10);
-	memcpy(&v, in + 14, 2);
+	}
+	memcpy(&v, msg + 4, 2);
+	if (get32(msg) != REC_MAGIC || ntohs(v) != REC_VERSION) {
+		snprintf(why, whylen, "no record of this version (magic 0x%08x, version %u)",
+			 get32(msg), ntohs(v));
+		return -TFAB_ERR_PROTOCOL;
+	}
+	if (!padded(msg + 16, REC_HOST) || !padded(msg + 16 + REC_HOST, REC_NAME)) {
+		snprintf(why, whylen, "a record whose host or name is not a NUL-padded string");
+		return -TFAB_ERR_PROTOCOL;
+	}
+	r->rank = get32(msg + 6);
+	r->size = get32(msg + 10);
+	memcpy(&v, msg + 14, 2);
 	r->port = ntohs(v);
-	memcpy(r->host, in + 16, REC_HOST);
-	memcpy(r->name, in + 16 + REC_HOST, REC_NAME);
-	r->small = get32(in + REC_SHARED);
-	r->eager = get32(in + REC_SHARED + 4);
-	r->shm = get32(in + REC_SHARED + 8);
+	memcpy(r->host, msg + 16, REC_HOST);
+	memcpy(r->name, msg + 16 + REC_HOST, REC_NAME);
+	r->small = get32(msg + REC_SHARED);
+	r->eager = get32(msg + REC_SHARED + 4);
+	r->shm = get32(msg + REC_SHARED + 8);
+	return 0;
+}
+
+int tfab__world_rec_check(const struct rank_rec *r, int size, const bool *have, char *why,
+			  size_t whylen)
+{
+	if (r->size != (uint32_t)size)
+		snprintf(why, whylen, "rank %u says the world has %u ranks; rank 0 says %d",
+			 r->rank, r->size, size);
+	else if (r->rank == 0 || r->rank >= (uint32_t)size)
+		snprintf(why, whylen, "rank %u is not a rank of a world of %d", r->rank, size);
+	else if (have[r->rank])
+		snprintf(why, whylen, "rank %u arrived twice", r->rank);
+	else
+		return 0;
+	return -TFAB_ERR_PROTOCOL;
+}
+
+/* Rank 0's words, as text that is safe to print (a stranger may have written them). */
+static void words(const uint8_t *p, size_t n, char *out, size_t outlen)
+{
+	size_t i;
+
+	for (i = 0; i < n && i + 1 < outlen; i++)
+		out[i] = p[i] >= 0x20 && p[i] < 0x7f ? (char)p[i] : '?';
+	if (outlen)
+		out[i < outlen ? i : outlen - 1] = '\0';
+}
+
+int tfab__world_answer_parse(const uint8_t *msg, size_t len, int size, struct rank_rec *recs,
+			     char *why, size_t whylen)
+{
+	struct rank_rec rec;
+
+	if (len >= 5 && len <= 5 + ANSWER_WHY && msg[0] == ANSWER_ERROR) {
+		uint32_t status = get32(msg + 1);
+
+		words(msg + 5, len - 5, why, whylen);
+		/* a status of ours or an errno, never 0: anything else is a protocol error */
+		return status > 0 && status < TFAB_ERR_LAST ? -(int)status : -TFAB_ERR_PROTOCOL;
+	}
+	if (size < 1 || len != 1 + (size_t)size * REC_LEN || msg[0] != ANSWER_TABLE) {
+		snprintf(why, whylen,
+			 "rank 0's answer (%zu bytes) is neither the table of %d records "
+			 "nor an error",
+			 len, size);
+		return -TFAB_ERR_PROTOCOL;
+	}
+	/* every record checked before any is kept */
+	for (int pass = 0; pass < 2; pass++) {
+		for (int r = 0; r < size; r++) {
+			int rc = tfab__world_rec_parse(msg + 1 + (size_t)r * REC_LEN, REC_LEN, &rec,
+						       why, whylen);
+
+			if (rc == 0 && (rec.rank != (uint32_t)r || rec.size != (uint32_t)size)) {
+				snprintf(
+				    why, whylen,
+				    "rank 0's table has rank %u of %u where rank %d of %d is due",
+				    rec.rank, rec.size, r, size);
+				rc = -TFAB_ERR_PROTOCOL;
+			}
+			if (rc)
+				return rc;
+			if (pass)
+				recs[r] = rec;
+		}
+	}
 	return 0;
 }
 
@@ -148,18 +227,6 @@ static int parse_int(const char *text, int lo, int hi)
 	return (int)v;
 }
 
-/* Rank 0's answer of an error to a rank: its status, and why. */
-static void answer_error(struct tfab_context *ctx, int fd, const struct tfab_auth *a, int status,
-			 const char *why, int timeout_ms)
-{
-	uint8_t msg[1 + 4 + ANSWER_WHY] = {ANSWER_ERROR};
-	size_t n = strnlen(why, ANSWER_WHY);
-
-	put32(msg + 1, (uint32_t)-status);
-	memcpy(msg + 5, why, n);
-	(void)tfab__auth_blob_send(ctx, fd, a, msg, (uint32_t)(5 + n), timeout_ms);
-}
-
 /* The ranks not in have[], as text: "2, 5, 7". */
 static void missing_text(const bool *have, int size, char *buf, size_t len)
 {
@@ -173,18 +240,89 @@ static void missing_text(const bool *have, int size, char *buf, size_t len)
 	}
 }
 
+/*
+ * The meeting, on both sides, as handshakes (handshake.h): rank 0 takes the records of every
+ * connection at once, each bounded by TFAB_HANDSHAKE_TIMEOUT_MS, so that a stranger holds no
+ * rank up; each rank sends its record and waits for rank 0's answer.
+ */
+struct meeting {
+	struct tfab_world *w;
+	bool *have;		/* rank 0: the ranks whose records came */
+	struct tfab_hs **ranks; /* rank 0: their connections, by rank */
+	uint8_t *answer;	/* a rank: rank 0's answer */
+	uint32_t answer_cap, answer_len;
+};
+
+/* Rank 0's answer of an error to a rank: its status, and why. */
+static int answer_error(struct tfab_hs *hs, int status, const char *why)
+{
+	uint8_t msg[1 + 4 + ANSWER_WHY] = {ANSWER_ERROR};
+	size_t n = strnlen(why, ANSWER_WHY);
+
+	put32(msg + 1, (uint32_t)-status);
+	memcpy(msg + 5, why, n);
+	return tfab__hs_put(hs, msg, (uint32_t)(5 + n), true);
+}
+
+static int root_start(struct tfab_hs *hs)
+{
+	return tfab__hs_expect(hs, REC_LEN, true, "its record");
+}
+
+static int root_take(struct tfab_hs *hs, const uint8_t *msg, uint32_t len)
+{
+	struct meeting *m = hs->set->owner;
+	struct rank_rec rec;
+	char why[256];
+	int rc;
+
+	rc = tfab__world_rec_parse(msg, len, &rec, why, sizeof(why));
+	if (rc) {
+		snprintf(hs->why, sizeof(hs->why), "a connection that is no rank of the world: %s",
+			 why);
+		return rc;
+	}
+	rc = tfab__world_rec_check(&rec, m->w->size, m->have, why, sizeof(why));
+	if (rc) {
+		/* a rank, but not one of this world: it is told why (the answer lingers) */
+		snprintf(hs->why, sizeof(hs->why), "%s", why);
+		return answer_error(hs, rc, why) ? -ENOMEM : rc;
+	}
+	if (!rec.host[0]) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+
+		if (getpeername(hs->fd, (struct sockaddr *)&ss, &sl) == 0) {
+			void *addr = ss.ss_family == AF_INET6
+					 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+					 : (void *)&((struct sockaddr_in *)&ss)->sin_addr;
+
+			inet_ntop(ss.ss_family, addr, rec.host, sizeof(rec.host));
+		}
+	}
+	m->w->recs[rec.rank] = rec;
+	m->have[rec.rank] = true;
+	hs->rank = (int)rec.rank;
+	return 1;
+}
+
+static const struct tfab_hs_ops root_ops = {.start = root_start, .take = root_take};
+
 /* Rank 0: takes every rank's record, then answers each with all of them. */
 static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 {
 	struct tfab_context *ctx = w->ctx;
-	int size = w->size, lfd, rc, arrived = 1;
-	int *fds = malloc((size_t)size * sizeof(*fds));
-	struct tfab_auth *auth = calloc((size_t)size, sizeof(*auth));
-	bool *have = calloc((size_t)size, sizeof(*have));
+	int size = w->size, lfd = -1, rc, arrived = 1;
+	struct meeting m = {.w = w};
 	uint8_t *msg = malloc(1 + (size_t)size * REC_LEN);
+	uint32_t msg_len = 0;
+	struct tfab_hs_set set;
 	char why[ANSWER_WHY];
 
-	rc = fds && auth && have && msg ? 0 : -ENOMEM;
+	m.have = calloc((size_t)size, sizeof(*m.have));
+	m.ranks = calloc((size_t)size, sizeof(*m.ranks));
+	tfab__hs_set_init(&set, ctx, &root_ops, &m, "rank 0", ctx->cfg.handshake_timeout_ms);
+	rc = msg && m.have && m.ranks ? 0 : -ENOMEM;
 	if (rc == 0)
 		rc = tfab__sock_listen(NULL, (uint16_t)ctx->cfg.master_port, &lfd, NULL);
 	if (rc) {
@@ -192,140 +330,130 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 			   ctx->cfg.master_port, tfab_strerror(rc));
 		goto out_free;
 	}
-	for (int r = 0; r < size; r++)
-		fds[r] = -1;
-	have[0] = true;
-	while (arrived < size && tfab__ms_until(deadline) > 0) {
-		struct tfab_auth a;
-		struct rank_rec rec;
-		struct sockaddr_storage ss;
-		socklen_t sl = sizeof(ss);
-		uint8_t buf[REC_LEN];
-		uint32_t len;
-		int fd, wait_ms;
+	m.have[0] = true;
+	while (arrived < size) {
+		struct tfab_hs *hs;
 
-		if (tfab__sock_accept(lfd, tfab__ms_until(deadline), &fd))
-			continue;
-		/* A rank says who it is at once: one that stays silent holds up no one for long. */
-		wait_ms = tfab__ms_until(deadline);
-		if (wait_ms > (int)ctx->cfg.connect_timeout_ms)
-			wait_ms = (int)ctx->cfg.connect_timeout_ms;
-		rc = tfab__auth_handshake(ctx, fd, true, wait_ms, &a);
-		if (rc == 0)
-			rc = tfab__auth_blob_recv(ctx, fd, &a, buf, sizeof(buf), &len, wait_ms);
-		if (rc == 0 && (len != REC_LEN || rec_unpack(buf, &rec)))
-			rc = -TFAB_ERR_PROTOCOL;
-		if (rc) {
-			TFAB_WARN(SUBSYS, "rank 0: a connection that is no rank of the world: %s",
-				  tfab_strerror(rc));
-			close(fd);
-			continue;
-		}
-		why[0] = 0;
-		if (rec.size != (uint32_t)size)
-			snprintf(why, sizeof(why),
-				 "rank %u says the world has %u ranks; rank 0 says %d", rec.rank,
-				 rec.size, size);
-		else if (rec.rank == 0 || rec.rank >= (uint32_t)size)
-			snprintf(why, sizeof(why), "rank %u is not a rank of a world of %d",
-				 rec.rank, size);
-		else if (have[rec.rank])
-			snprintf(why, sizeof(why), "rank %u arrived twice", rec.rank);
-		if (why[0]) {
-			TFAB_ERROR(SUBSYS, "rank 0 refuses a rank: %s", why);
-			answer_error(ctx, fd, &a, -TFAB_ERR_PROTOCOL, why,
-				     tfab__ms_until(deadline));
-			close(fd);
-			continue;
-		}
-		if (!rec.host[0] && getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
-			void *addr = ss.ss_family == AF_INET6
-					 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
-					 : (void *)&((struct sockaddr_in *)&ss)->sin_addr;
-
-			inet_ntop(ss.ss_family, addr, rec.host, sizeof(rec.host));
-		}
-		w->recs[rec.rank] = rec;
-		fds[rec.rank] = fd;
-		auth[rec.rank] = a;
-		have[rec.rank] = true;
+		rc = tfab__hs_drive(&set, lfd, deadline, &hs);
+		if (rc)
+			break;
+		m.ranks[hs->rank] = hs;
 		arrived++;
 	}
 	close(lfd);
+	/* Connections still in their handshakes are no ranks of this world: closed. */
+	tfab__hs_set_fini(&set, "the meeting ended");
 	if (arrived < size) {
 		char missing[ANSWER_WHY - 64];
 
-		missing_text(have, size, missing, sizeof(missing));
+		missing_text(m.have, size, missing, sizeof(missing));
 		snprintf(why, sizeof(why), "rank(s) %s of %d did not arrive within %d ms", missing,
 			 size, w->timeout_ms);
 		TFAB_ERROR(SUBSYS, "rank 0: %s", why);
 		rc = -TFAB_ERR_TIMEOUT;
 	} else {
+		rc = 0;
 		msg[0] = ANSWER_TABLE;
 		for (int r = 0; r < size; r++)
-			rec_pack(&w->recs[r], msg + 1 + (size_t)r * REC_LEN);
+			tfab__world_rec_pack(&w->recs[r], msg + 1 + (size_t)r * REC_LEN);
+		msg_len = (uint32_t)(1 + (size_t)size * REC_LEN);
 	}
+	/* Every rank's answer goes out at once; one that does not read it holds no other up. */
 	for (int r = 1; r < size; r++) {
-		if (fds[r] < 0)
+		struct tfab_hs *hs = m.ranks[r];
+
+		if (!hs)
 			continue;
-		if (rc)
-			answer_error(ctx, fds[r], &auth[r], rc, why, 1000);
-		else if (tfab__auth_blob_send(ctx, fds[r], &auth[r], msg,
-					      (uint32_t)(1 + (size_t)size * REC_LEN),
-					      tfab__ms_until(deadline) + 1000))
-			TFAB_WARN(SUBSYS, "rank 0: rank %d did not take the world's table", r);
-		close(fds[r]);
+		if ((rc ? answer_error(hs, rc, why) : tfab__hs_put(hs, msg, msg_len, true)) == 0) {
+			tfab__hs_linger(hs, tfab__now_ms() + (uint64_t)tfab__ms_until(deadline) +
+						TFAB_HS_LINGER_MS);
+		} else {
+			TFAB_WARN(SUBSYS, "rank 0: no memory for rank %d's answer", r);
+			tfab__hs_free(hs);
+		}
+	}
+	{
+		struct tfab_hs *none;
+
+		/* until the last answer is out: each ends in the set, none comes back */
+		while (tfab__hs_drive(&set, -1, UINT64_MAX, &none) == 0)
+			tfab__hs_free(none);
 	}
 out_free:
-	free(fds);
-	free(auth);
-	free(have);
+	tfab__hs_set_fini(&set, "the meeting ended");
+	free(m.have);
+	free(m.ranks);
 	free(msg);
 	return rc;
 }
+
+static int rank_start(struct tfab_hs *hs)
+{
+	struct meeting *m = hs->set->owner;
+	int rc = tfab__hs_put(hs, m->answer, REC_LEN, true); /* this rank's record, packed there */
+
+	return rc ? rc : tfab__hs_expect(hs, m->answer_cap, true, "rank 0's answer");
+}
+
+static int rank_take(struct tfab_hs *hs, const uint8_t *msg, uint32_t len)
+{
+	struct meeting *m = hs->set->owner;
+
+	memcpy(m->answer, msg, len);
+	m->answer_len = len;
+	return 1;
+}
+
+static const struct tfab_hs_ops rank_ops = {.start = rank_start, .take = rank_take};
 
 /* Rank 1 and up: its record to rank 0, and every rank's back. */
 static int meet_through_root(struct tfab_world *w, const uint8_t *mine, uint64_t deadline)
 {
 	struct tfab_context *ctx = w->ctx;
-	size_t cap = 1 + (size_t)w->size * REC_LEN + 4 + ANSWER_WHY;
-	uint8_t *msg = malloc(cap);
-	struct tfab_auth a;
-	uint32_t len = 0;
+	uint32_t cap = (uint32_t)(1 + (size_t)w->size * REC_LEN + 4 + ANSWER_WHY);
+	struct meeting m = {.w = w, .answer = malloc(cap), .answer_cap = cap};
+	/* Rank 0 answers when all have come, or when it gave up waiting: a little after us. */
+	uint64_t until = deadline + 2000;
+	const char *host = ctx->cfg.master_addr;
+	struct tfab_hs_set set;
+	struct tfab_hs *hs = NULL;
+	char addr[300], why[ANSWER_WHY];
 	int fd = -1, rc;
 
-	if (!msg)
+	if (!m.answer)
 		return -ENOMEM;
-	rc = tfab__sock_connect(ctx->cfg.master_addr, (uint16_t)ctx->cfg.master_port,
-				tfab__ms_until(deadline), &fd);
-	if (rc == 0)
-		rc = tfab__auth_handshake(ctx, fd, false, tfab__ms_until(deadline), &a);
-	if (rc == 0)
-		rc = tfab__auth_blob_send(ctx, fd, &a, mine, REC_LEN, tfab__ms_until(deadline));
-	/* Rank 0 answers when all have come, or when it gave up waiting: a little after us. */
-	if (rc == 0)
-		rc = tfab__auth_blob_recv(ctx, fd, &a, msg, (uint32_t)cap, &len,
-					  tfab__ms_until(deadline) + 2000);
-	if (fd >= 0)
-		close(fd);
-	if (rc) {
-		TFAB_ERROR(SUBSYS, "rank %d: no answer from rank 0 at %s:%u: %s", w->rank,
-			   ctx->cfg.master_addr, ctx->cfg.master_port, tfab_strerror(rc));
-		rc = rc == -ETIMEDOUT || rc == -ECONNREFUSED ? -TFAB_ERR_TIMEOUT : rc;
-	} else if (len >= 5 && msg[0] == ANSWER_ERROR) {
-		rc = -(int)get32(msg + 1);
-		TFAB_ERROR(SUBSYS, "rank %d: rank 0 says: %.*s", w->rank, (int)(len - 5),
-			   (const char *)msg + 5);
-		if (rc >= 0 || rc <= -TFAB_ERR_LAST)
-			rc = -TFAB_ERR_PROTOCOL;
-	} else if (len != 1 + (size_t)w->size * REC_LEN || msg[0] != ANSWER_TABLE) {
-		rc = -TFAB_ERR_PROTOCOL;
-	} else {
-		for (int r = 0; r < w->size && rc == 0; r++)
-			rc = rec_unpack(msg + 1 + (size_t)r * REC_LEN, &w->recs[r]);
+	memcpy(m.answer, mine, REC_LEN);
+	snprintf(addr, sizeof(addr), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
+		 ctx->cfg.master_port);
+	tfab__hs_set_init(&set, ctx, &rank_ops, &m, "rank", ctx->cfg.handshake_timeout_ms);
+	rc =
+	    tfab__sock_connect(host, (uint16_t)ctx->cfg.master_port, tfab__ms_until(deadline), &fd);
+	if (rc == 0) {
+		rc = tfab__hs_connect(&set, fd, addr, until, &hs);
+		if (rc)
+			close(fd);
 	}
-	free(msg);
-	return rc;
+	if (rc == 0)
+		rc = tfab__hs_drive(&set, -1, until + TFAB_HS_LINGER_MS, &hs);
+	if (rc == 0 && hs->state != TFAB_HS_DONE) {
+		rc = hs->status;
+		TFAB_ERROR(SUBSYS, "rank %d: no answer from rank 0 at %s: %s", w->rank, addr,
+			   hs->why);
+	} else if (rc == 0) {
+		rc = tfab__world_answer_parse(m.answer, m.answer_len, w->size, w->recs, why,
+					      sizeof(why));
+		if (rc == -TFAB_ERR_PROTOCOL && m.answer_len && m.answer[0] == ANSWER_TABLE)
+			TFAB_ERROR(SUBSYS, "rank %d: %s", w->rank, why);
+		else if (rc)
+			TFAB_ERROR(SUBSYS, "rank %d: rank 0 says: %s", w->rank, why);
+	} else {
+		TFAB_ERROR(SUBSYS, "rank %d: no answer from rank 0 at %s: %s", w->rank, addr,
+			   tfab_strerror(rc));
+	}
+	tfab__hs_free(hs);
+	tfab__hs_set_fini(&set, "the meeting ended");
+	free(m.answer);
+	return rc == -ETIMEDOUT || rc == -ECONNREFUSED ? -TFAB_ERR_TIMEOUT : rc;
 }
 
 /* The application's allgather moves the records. */
@@ -341,7 +469,13 @@ static int meet_by_allgather(struct tfab_world *w, const struct tfab_world_args 
 	if (rc > 0)
 		rc = -TFAB_ERR_PROTOCOL;
 	for (int r = 0; r < w->size && rc == 0; r++) {
-		rc = rec_unpack(all + (size_t)r * REC_LEN, &w->recs[r]);
+		char why[128];
+
+		rc = tfab__world_rec_parse(all + (size_t)r * REC_LEN, REC_LEN, &w->recs[r], why,
+					   sizeof(why));
+		if (rc)
+			TFAB_ERROR(SUBSYS, "rank %d: the allgather's entry %d: %s", w->rank, r,
+				   why);
 		if (rc == 0 &&
 		    (w->recs[r].rank != (uint32_t)r || w->recs[r].size != (uint32_t)w->size)) {
 			TFAB_ERROR(SUBSYS, "rank %d: the allgather's entry %d says rank %u of %u",
@@ -615,7 +749,7 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 	rc = w->size > 1 ? tfab_listen(ctx, NULL, 0, &port) : 0;
 	me.port = port;
 	w->recs[w->rank] = me;
-	rec_pack(&me, mine);
+	tfab__world_rec_pack(&me, mine);
 	if (rc == 0 && w->size > 1) {
 		if (args && args->allgather)
 			rc = meet_by_allgather(w, args, mine);

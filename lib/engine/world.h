@@ -16,8 +16,50 @@
 #include "util/hash.h"
 #include "util/list.h"
 
-struct rank_rec;
 struct tfab_coll;
+
+/*
+ * A rank's record on the wire (world.c): magic, version, rank, size, port, host and name
+ * (NUL-padded), then the settings every rank must share (TFAB_ALLREDUCE_SMALL,
+ * TFAB_COLL_EAGER, TFAB_COLL_SHM).
+ */
+#define TFAB_WORLD_REC_HOST 256
+#define TFAB_WORLD_REC_NAME (TFAB_WORLD_NAME_MAX + 1)
+#define TFAB_WORLD_REC_SHARED (16 + TFAB_WORLD_REC_HOST + TFAB_WORLD_REC_NAME)
+#define TFAB_WORLD_REC_LEN (TFAB_WORLD_REC_SHARED + 4 + 4 + 4)
+/* The longest error rank 0 explains to a rank. */
+#define TFAB_WORLD_ANSWER_WHY 512
+
+struct rank_rec {
+	uint32_t rank, size;
+	uint32_t small, eager, shm; /* TFAB_ALLREDUCE_SMALL, TFAB_COLL_EAGER, TFAB_COLL_SHM */
+	uint16_t port;
+	char host[TFAB_WORLD_REC_HOST];
+	char name[TFAB_WORLD_REC_NAME];
+};
+
+/* The record's TFAB_WORLD_REC_LEN bytes. */
+void tfab__world_rec_pack(const struct rank_rec *r, uint8_t *out);
+/*
+ * Rank 0 reading what a connection sent as its record: 0 and *r, or -TFAB_ERR_PROTOCOL (why)
+ * for bytes that are not exactly a record's (length, magic, version, a string not NUL-padded).
+ */
+int tfab__world_rec_parse(const uint8_t *msg, size_t len, struct rank_rec *r, char *why,
+			  size_t whylen);
+/*
+ * Whether the rank of record r may join a world of size whose ranks have[] have come: 0, or
+ * -TFAB_ERR_PROTOCOL with why, which rank 0 answers it (another size, rank 0 or a rank >= size,
+ * a rank that came before).
+ */
+int tfab__world_rec_check(const struct rank_rec *r, int size, const bool *have, char *why,
+			  size_t whylen);
+/*
+ * A rank reading rank 0's answer: 0 with the world's size records in recs (each the rank of
+ * its place, of that size; recs untouched otherwise); the status rank 0 answered, with its
+ * words in why; or -TFAB_ERR_PROTOCOL (why) for an answer that is neither.
+ */
+int tfab__world_answer_parse(const uint8_t *msg, size_t len, int size, struct rank_rec *recs,
+			     char *why, size_t whylen);
 
 struct tfab_world {
 	struct tfab_context *ctx;

@@ -226,6 +226,12 @@ static const struct tfab_config_entry table[] = {
     {"TFAB_CONNECT_TIMEOUT_MS", "10000",
      "Longest wait for a peer while connecting or bootstrapping, in milliseconds",
      FIELD(connect_timeout_ms), &parser_uint, 1, 3600000},
+    {"TFAB_HANDSHAKE_TIMEOUT_MS", "10000",
+     "Longest a connection to a listening side (tfab_accept, a world's rank 0) may take over "
+     "its bootstrap handshake, in milliseconds: one that is silent, slow, sends garbage or "
+     "holds another key is refused (a warning with its address) and closed by then. Many "
+     "handshakes run at once, so such a connection delays no other",
+     FIELD(handshake_timeout_ms), &parser_uint, 1, 3600000},
     {"TFAB_OP_TIMEOUT_MS", "60000",
      "A receive that gets nothing from its peer for this long (no content, no meta-data), "
      "a send whose receiver gives no verdict on content it has for this long, and a "

@@ -12,11 +12,12 @@
 #include <string.h>
 
 struct tfab_config {
-	char provider[64];	     /* TFAB_PROVIDER */
-	int log_level;		     /* TFAB_LOG_LEVEL */
-	unsigned connect_timeout_ms; /* TFAB_CONNECT_TIMEOUT_MS */
-	unsigned op_timeout_ms;	     /* TFAB_OP_TIMEOUT_MS, 0 for none */
-	unsigned heartbeat_ms;	     /* TFAB_HEARTBEAT_MS, 0 for none */
+	char provider[64];	       /* TFAB_PROVIDER */
+	int log_level;		       /* TFAB_LOG_LEVEL */
+	unsigned connect_timeout_ms;   /* TFAB_CONNECT_TIMEOUT_MS */
+	unsigned handshake_timeout_ms; /* TFAB_HANDSHAKE_TIMEOUT_MS */
+	unsigned op_timeout_ms;	       /* TFAB_OP_TIMEOUT_MS, 0 for none */
+	unsigned heartbeat_ms;	       /* TFAB_HEARTBEAT_MS, 0 for none */
 	/* A world (world.c): a torchrun-style environment, "" where unset */
 	char rank[16];		   /* TFAB_RANK */
 	char world_size[16];	   /* TFAB_WORLD_SIZE */

@@ -20,7 +20,9 @@
 #include <sys/mman.h>
 
 #include "engine/engine.h"
+#include "engine/handshake.h"
 #include "util/sock.h"
+#include "util/time.h"
 #include "test/common/fault_ops.h"
 #include "mp.h"
 
@@ -597,6 +599,15 @@ static int auth_context(const char *key, const char *file, struct tfab_context *
 	return rc;
 }
 
+/* The handshakes to ctx's port: how many were refused so far, and how many are in hand. */
+static void accepts_seen(struct tfab_context *ctx, uint64_t *refused_p, unsigned *live_p)
+{
+	pthread_mutex_lock(&ctx->accept_lock);
+	*refused_p = ctx->accepts->refused;
+	*live_p = ctx->accepts->n;
+	pthread_mutex_unlock(&ctx->accept_lock);
+}
+
 /*
  * A stranger on the port of a context with a key: it says hello as a tfab peer would, then
  * sends a proof it made up. It must get the acceptor's hello (a nonce), then a refusal, and
@@ -630,8 +641,9 @@ static int auth_stranger(struct mp *mp, unsigned port)
  * 0. the same key on both sides (rank 1's from TFAB_AUTH_KEY_FILE): connected, a tensor
  *    fetched;
  * 1. rank 1 with another key, 2. rank 1 with none, 3. rank 0 with none and rank 1 with a
- *    key: neither side connects, both fail with TFAB_ERR_AUTH;
- * 4. rank 1 as a stranger (auth_stranger) is refused, and the same listening context then
+ *    key: rank 1's connect fails with TFAB_ERR_AUTH, and rank 0 refuses it (counted) and goes
+ *    on waiting for a peer that holds the key: its accept gives none;
+ * 4. rank 1 as a stranger (auth_stranger) is refused, and the same call to tfab_accept then
  *    accepts rank 1 with the key and serves it a tensor.
  * A key shorter than 16 bytes, or both settings at once, fail the context with
  * TFAB_ERR_CONFIG.
@@ -666,13 +678,32 @@ static int sc_auth_refused(struct mp *mp)
 			CHECK_RC(auth_context(rank0[round], NULL, &ctx), 0);
 			CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
 			CHECK_RC(mp_put(mp, what, p16), 0);
-			if (round == 4) /* rank 1 is the stranger first */
-				CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), -TFAB_ERR_AUTH);
-			rc = tfab_accept(ctx, WAIT_MS, &peer);
-			if (rc != (ok ? 0 : -TFAB_ERR_AUTH))
-				fprintf(stderr, "rank 0: round %d: accept gave %s\n", round,
-					tfab_strerror(rc));
-			CHECK_RC(rc, ok ? 0 : -TFAB_ERR_AUTH);
+			if (!ok) {
+				uint64_t end = tfab__now_ms() + (uint64_t)WAIT_MS;
+				unsigned live;
+				uint64_t refused;
+
+				/* until rank 1 is refused and its connection closed: no peer */
+				do {
+					CHECK_RC(tfab_accept(ctx, 100, &peer), -ETIMEDOUT);
+					accepts_seen(ctx, &refused, &live);
+				} while ((!refused || live) && tfab__now_ms() < end);
+				CHECK(refused == 1 && live == 0);
+				snprintf(what, sizeof(what), "au_refused%d", round);
+				CHECK_RC(mp_wait_note_quiet(mp, 1, what, 0), 0);
+			} else {
+				unsigned live;
+				uint64_t refused;
+
+				/* round 4: rank 1 is the stranger first, refused within this call */
+				rc = tfab_accept(ctx, WAIT_MS, &peer);
+				if (rc)
+					fprintf(stderr, "rank 0: round %d: accept gave %s\n", round,
+						tfab_strerror(rc));
+				CHECK_RC(rc, 0);
+				accepts_seen(ctx, &refused, &live);
+				CHECK(refused == (round == 4));
+			}
 			if (ok) {
 				DLManagedTensor *m = NULL;
 
@@ -702,6 +733,10 @@ static int sc_auth_refused(struct mp *mp)
 			fprintf(stderr, "rank 1: round %d: connect gave %s\n", round,
 				tfab_strerror(rc));
 		CHECK_RC(rc, ok ? 0 : -TFAB_ERR_AUTH);
+		if (!ok) {
+			snprintf(what, sizeof(what), "au_refused%d", round);
+			CHECK_RC(mp_note(mp, what), 0);
+		}
 		if (ok) {
 			CHECK(send_one(mp, ctx, "auth/t", round, 70 + (uint64_t)round) == 0);
 			snprintf(what, sizeof(what), "au_sent%d", round);

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -139,29 +140,129 @@ def case_twice_and_wrong_size(port, _provider):
            "the rank of another size was not refused", outs)
 
 
-def case_strangers(port, _provider):
-    """Rank 0's port takes a stranger that sends junk and one that says nothing: each is
-    dropped with a warning (the silent one after TFAB_CONNECT_TIMEOUT_MS), and the world
-    still joins."""
-    extra = {"TFAB_CONNECT_TIMEOUT_MS": "1000"}
-    zero = start(0, 2, port, extra)
-    end = time.time() + 10
-    strangers = []
-    while len(strangers) < 2 and time.time() < end:
+KEY = "0123456789abcdef-world-test"
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+def frame(payload):
+    return struct.pack(">I", len(payload)) + payload
+
+
+class Stranger(threading.Thread):
+    """A connection to rank 0's port that is no rank: silent, sending garbage (a length of
+    528 and an HTTP request; a frame of 10 bytes that is no record), or holding another key
+    (a HELLO, then a made-up PROOF). It records its address and how long after connecting
+    rank 0 closed it (None: not within 30 s)."""
+
+    def __init__(self, port, kind):
+        super().__init__(daemon=True)
+        self.port, self.kind = port, kind
+        self.addr = self.closed_after = self.got = None
+        self.connected = threading.Event()
+
+    def run(self):
+        end = time.time() + 10
+        s = None
+        while s is None and time.time() < end:
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=1)
+            except OSError:
+                time.sleep(0.05)
+        if s is None:
+            self.connected.set()
+            return
+        t0 = time.time()
+        self.addr = "127.0.0.1:%d" % s.getsockname()[1]
+        self.connected.set()
+        s.settimeout(30)
         try:
-            strangers.append(socket.create_connection(("127.0.0.1", port), timeout=1))
-        except OSError:
-            time.sleep(0.05)
-    if strangers:
-        strangers[0].sendall(b"\x00\x00\x02\x10" + b"GET / HTTP/1.0\r\n" * 40)
+            if self.kind == "garbage":
+                s.sendall(b"\x00\x00\x02\x10" + b"GET / HTTP/1.0\r\n" * 40)
+            elif self.kind == "junk":
+                s.sendall(frame(b"0123456789"))
+            elif self.kind == "wrong_key":
+                s.sendall(frame(b"TFAU\x01C" + bytes(range(32))))
+                hello = recv_exact(s, struct.unpack(">I", recv_exact(s, 4))[0])
+                s.sendall(frame(b"TFAP" + bytes(32)))
+                refusal = recv_exact(s, struct.unpack(">I", recv_exact(s, 4))[0])
+                self.got = (hello[:4], hello[5:6], refusal)
+            while s.recv(4096):
+                pass
+            self.closed_after = time.time() - t0
+        except socket.timeout:
+            pass
+        except OSError:  # a reset, or closed in the middle of a message
+            self.closed_after = time.time() - t0
+        finally:
+            s.close()
+
+
+def strangers_at(port):
+    """One stranger of each kind, connected to rank 0's port once it listens."""
+    strangers = [Stranger(port, k) for k in ("silent", "garbage", "junk", "wrong_key")]
+    for st in strangers:
+        st.start()
+    for st in strangers:
+        st.connected.wait(15)
+    return strangers
+
+
+def strangers_refused(strangers, outs, deadline_s):
+    for st in strangers:
+        st.join(35)
+        expect(st.addr is not None, "stranger %s could not reach rank 0's port" % st.kind,
+               outs)
+        expect(st.closed_after is not None and st.closed_after <= deadline_s,
+               "rank 0 did not close the %s stranger within %.1f s (%s)" %
+               (st.kind, deadline_s, st.closed_after), outs)
+        expect(any(line.startswith("tfab warn [bootstrap]: rank 0: refused " + st.addr + ":")
+                   for line in outs[0][1].splitlines()),
+               "rank 0 did not log the %s stranger's refusal with its address %s" %
+               (st.kind, st.addr), outs)
+    wrong = [st for st in strangers if st.kind == "wrong_key"][0]
+    expect(wrong.got == (b"TFAU", b"A", b"TFAR"),
+           "the stranger with another key did not get a HELLO and a refusal: %r" %
+           (wrong.got,), outs)
+
+
+def case_strangers(port, _provider):
+    """Before rank 1 comes, rank 0's port takes four strangers: a silent one, two that send
+    garbage and one with another key. With a handshake deadline of 20 s, they must not hold
+    rank 1 up: the world joins within TFAB_WORLD_TIMEOUT_MS = 5 s (a bound on the join,
+    not a measure of speed). Each stranger is refused with a warning naming its address,
+    and closed: the silent one when the meeting ends."""
+    extra = {"TFAB_HANDSHAKE_TIMEOUT_MS": "20000", "TFAB_WORLD_TIMEOUT_MS": "5000",
+             "TFAB_AUTH_KEY": KEY}
+    zero = start(0, 2, port, extra)
+    strangers = strangers_at(port)
     one = start(1, 2, port, extra)
     outs = finish([zero, one])
-    for s in strangers:
-        s.close()
-    expect(len(strangers) == 2, "could not reach rank 0's port", outs)
     joined_well(outs, 2)
-    expect(outs[0][1].count("a connection that is no rank of the world") == 2,
-           "rank 0 did not drop both strangers with a warning", outs)
+    strangers_refused(strangers, outs, 15.0)
+
+
+def case_strangers_deadline(port, _provider):
+    """The same strangers with a handshake deadline of 500 ms and rank 1 coming 3 s later:
+    rank 0 closes each within its deadline (1.5 s allowed for a loaded machine), and the world
+    still joins."""
+    extra = {"TFAB_HANDSHAKE_TIMEOUT_MS": "500", "TFAB_WORLD_TIMEOUT_MS": "20000",
+             "TFAB_AUTH_KEY": KEY}
+    zero = start(0, 2, port, extra)
+    strangers = strangers_at(port)
+    time.sleep(3)
+    one = start(1, 2, port, extra)
+    outs = finish([zero, one])
+    joined_well(outs, 2)
+    strangers_refused(strangers, outs, 2.0)
 
 
 def case_no_world(port, _provider):
@@ -339,6 +440,7 @@ CASES = [
     (case_twice_and_wrong_size, None),
     (case_settings_differ, None),
     (case_strangers, None),
+    (case_strangers_deadline, None),
     (case_no_world, None),
     (case_threads_allgather, None),
     (case_coll_kill, None),
