@@ -8,11 +8,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <tfab/status.h>
 #include <tfab/tensorproto.h>
 
+#include "engine/engine.h"
 #include "engine/wire.h"
+#include "engine/world.h"
 #include "fuzz.h"
 #include "fuzz_shm_ring.h"
+#include "fuzz_bootstrap.h"
+#include "util/sock.h"
 #include "providers/shm/shm.h"
 #ifdef TFAB_HAVE_VERBS
 #include "providers/verbs/verbs.h"
@@ -352,6 +357,141 @@ static void settings(void)
 	}
 }
 
+/* Records of the authentication's target: a kind, a length, the bytes. */
+struct records {
+	uint8_t buf[1024];
+	size_t len;
+};
+
+static void record(struct records *r, uint8_t kind, const void *msg, size_t len)
+{
+	FUZZ_CHECK(len < 256 && r->len + 2 + len <= sizeof(r->buf));
+	r->buf[r->len++] = kind;
+	r->buf[r->len++] = (uint8_t)len;
+	memcpy(r->buf + r->len, msg, len);
+	r->len += len;
+}
+
+/* The next message side `out` queued, into msg; its length. */
+static uint32_t next_out(struct tfab_frame_tx *out, uint8_t *msg)
+{
+	struct tfab_frame_rx rx;
+	size_t used;
+
+	tfab__frame_rx_init(&rx, msg, 64);
+	FUZZ_CHECK(tfab__frame_rx_feed(&rx, out->buf + out->off, out->len - out->off, &used) == 1);
+	out->off += used;
+	return rx.len;
+}
+
+/* Both sides of a handshake, by the library, with the target's key and nonces. */
+static void auth(void)
+{
+	static const uint8_t zeros[200];
+	const uint8_t *key = (const uint8_t *)FUZZ_AUTH_KEY;
+	struct records acc = {.buf = {1}, .len = 1}, con = {.buf = {0}, .len = 1}, bad;
+	struct tfab_frame_tx co = {0}, ao = {0};
+	struct tfab_auth c, a;
+	uint8_t msg[64];
+	uint32_t len;
+	char why[256];
+
+	FUZZ_CHECK(tfab__auth_start(&c, key, strlen(FUZZ_AUTH_KEY), false, FUZZ_NONCE_C, &co) == 0);
+	FUZZ_CHECK(tfab__auth_start(&a, key, strlen(FUZZ_AUTH_KEY), true, FUZZ_NONCE_A, &ao) == 0);
+	len = next_out(&co, msg); /* the connector's hello */
+	record(&acc, 0, msg, len);
+	FUZZ_CHECK(tfab__auth_take(&a, msg, len, &ao, why, sizeof(why)) == 0);
+	len = next_out(&ao, msg); /* the acceptor's */
+	record(&con, 0, msg, len);
+	FUZZ_CHECK(tfab__auth_take(&c, msg, len, &co, why, sizeof(why)) == 0);
+	len = next_out(&co, msg); /* the connector's proof */
+	bad = acc;
+	record(&acc, 0, msg, len);
+	msg[len - 1] ^= 1;
+	record(&bad, 0, msg, len);
+	put("auth", "acceptor-proof-last-byte", bad.buf, bad.len);
+	msg[len - 1] ^= 1;
+	FUZZ_CHECK(tfab__auth_take(&a, msg, len, &ao, why, sizeof(why)) == 1);
+	len = next_out(&ao, msg); /* the acceptor's proof */
+	record(&con, 0, msg, len);
+	FUZZ_CHECK(tfab__auth_take(&c, msg, len, &co, why, sizeof(why)) == 1);
+	FUZZ_CHECK(tfab__auth_tag_put(&c, FUZZ_BLOB, sizeof(FUZZ_BLOB), &co) == 0);
+	len = next_out(&co, msg);
+	record(&acc, 2, msg, len);
+	FUZZ_CHECK(tfab__auth_tag_put(&a, FUZZ_BLOB, sizeof(FUZZ_BLOB), &ao) == 0);
+	len = next_out(&ao, msg);
+	record(&con, 2, msg, len);
+	put("auth", "acceptor-whole", acc.buf, acc.len);
+	put("auth", "connector-whole", con.buf, con.len);
+	/* strangers: junk, a message too long, a keyed peer's hello to a side without a key */
+	bad = (struct records){.buf = {1}, .len = 1};
+	record(&bad, 0, "GET / HTTP/1.0\r\n", 16);
+	record(&bad, 1, zeros, sizeof(zeros)); /* read as one of 200 × 64 bytes */
+	put("auth", "acceptor-junk", bad.buf, bad.len);
+	bad = (struct records){.buf = {1}, .len = 1};
+	record(&bad, 3, acc.buf + 3, 38);
+	put("auth", "unkeyed-hello", bad.buf, bad.len);
+	tfab__frame_tx_free(&co);
+	tfab__frame_tx_free(&ao);
+	/* the settings' target: a key too short, and one long enough (never shown) */
+	put("config", "auth-key-short", "TFAB_AUTH_KEY\0short", 19);
+	put("config", "auth-key-16",
+	    "TFAB_AUTH_KEY\0"
+	    "0123456789abcdef",
+	    30);
+}
+
+static void sock_frames(void)
+{
+	static const uint8_t two[] = {64, 7, 0, 0, 0, 5, 'h', 'e', 'l', 'l', 'o',
+				      0,  0, 0, 0, 0, 0, 0,   9,   'p', 'a', 'r'};
+	static const uint8_t big[] = {1, 3, 'G', 'E', 'T', ' ', '/', ' ', 'H', 'T', 'T', 'P'};
+
+	put("sock_frame", "two-and-a-part", two, sizeof(two));
+	put("sock_frame", "too-long", big, sizeof(big));
+}
+
+static struct rank_rec seed_rec(uint32_t rank, uint32_t size)
+{
+	struct rank_rec r = {.rank = rank, .size = size, .port = (uint16_t)(40000 + rank)};
+
+	r.small = 65536;
+	r.eager = 960;
+	r.shm = 4096;
+	snprintf(r.host, sizeof(r.host), "10.0.0.%u", rank + 1);
+	snprintf(r.name, sizeof(r.name), "/job:worker/task:%u", rank);
+	return r;
+}
+
+static void world_recs(void)
+{
+	static uint8_t buf[2 + 1 + 3 * TFAB_WORLD_REC_LEN];
+	static const char why[] = "rank(s) 2 of 3 did not arrive within 3000 ms";
+	struct rank_rec r = seed_rec(2, 4);
+
+	buf[0] = 0x02; /* a record; rank 0 has rank 1 */
+	buf[1] = 3;    /* a world of 4 */
+	tfab__world_rec_pack(&r, buf + 2);
+	put("world_rec", "record-rank-2-of-4", buf, 2 + TFAB_WORLD_REC_LEN);
+	r = seed_rec(4, 4); /* a rank equal to the size: refused */
+	tfab__world_rec_pack(&r, buf + 2);
+	put("world_rec", "record-rank-4-of-4", buf, 2 + TFAB_WORLD_REC_LEN);
+	buf[0] = 1; /* rank 0's answer */
+	buf[1] = 2; /* a world of 3 */
+	buf[2] = 'T';
+	for (uint32_t i = 0; i < 3; i++) {
+		r = seed_rec(i, 3);
+		tfab__world_rec_pack(&r, buf + 3 + i * TFAB_WORLD_REC_LEN);
+	}
+	put("world_rec", "table-of-3", buf, sizeof(buf));
+	buf[2] = 'E';
+	buf[3] = buf[4] = buf[5] = 0;
+	buf[6] = TFAB_ERR_TIMEOUT - 256;
+	buf[5] = 1;
+	memcpy(buf + 7, why, sizeof(why) - 1);
+	put("world_rec", "error-timeout", buf, 7 + sizeof(why) - 1);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -367,5 +507,8 @@ int main(int argc, char **argv)
 #ifdef TFAB_HAVE_VERBS
 	verbs_cms();
 #endif
+	auth();
+	sock_frames();
+	world_recs();
 	return 0;
 }
