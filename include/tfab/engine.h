@@ -70,16 +70,29 @@ TFAB_EXPORT int tfab_progress(struct tfab_context *ctx);
 
 /* Peers through the built-in TCP bootstrap (no external service needed). */
 
-/* Listen for peers on host (NULL: any) and port (0: any); the bound port goes to *port_p. */
+/*
+ * Listen for peers on host (NULL: any) and port (0: any); the bound port goes to *port_p. A
+ * second call replaces the listener (after a tfab_accept running in another thread returns).
+ */
 TFAB_EXPORT int tfab_listen(struct tfab_context *ctx, const char *host, uint16_t port,
 			    uint16_t *port_p);
 /*
- * Accept one peer that called tfab_connect, within timeout_ms (which bounds each step of the
- * bootstrap too). A signal does not end the wait: an interrupted system call is retried, and
- * -EINTR is never returned; a caller that must react to signals runs it on another thread.
+ * Accept one peer that called tfab_connect, within timeout_ms: 0 and the peer, or -ETIMEDOUT.
+ * Every connection's handshake runs at once, each bounded by TFAB_HANDSHAKE_TIMEOUT_MS: one
+ * that is silent, sends garbage or holds another TFAB_AUTH_KEY is refused (a warning names its
+ * address and why) and delays no other, and the call goes on. Handshakes still running when
+ * it returns go on at the next call (and end by their deadline meanwhile). A signal does not
+ * end the wait: an interrupted system call is retried, and -EINTR is never returned; a caller
+ * that must react to signals runs it on another thread.
  */
 TFAB_EXPORT int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **peer_p);
-/* Connect to a listening context at host:port, within timeout_ms; signals as tfab_accept. */
+/*
+ * Connect to a listening context at host:port, within timeout_ms (refused connections are
+ * retried until then). Fails with -ENXIO for a host that does not resolve, -ECONNREFUSED when
+ * nothing listens there by then, -TFAB_ERR_PROTOCOL when the other end is no tfab peer,
+ * -TFAB_ERR_AUTH when one side refused the other's key, -ETIMEDOUT; the log says which, with
+ * the address. Signals as tfab_accept.
+ */
 TFAB_EXPORT int tfab_connect(struct tfab_context *ctx, const char *host, uint16_t port,
 			     int timeout_ms, struct tfab_peer **peer_p);
 
