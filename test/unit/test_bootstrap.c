@@ -3,7 +3,8 @@
  * messages read by each side (a proof or a tag wrong in its last byte only is refused), a
  * world's records and rank 0's answer read as rank 0 and a rank read them (a rank >= the
  * world's size is refused), strangers on a listening context (silent, sending garbage,
- * holding another key) that delay no peer and are closed by their deadline, and what
+ * holding another key) that delay no peer and are closed by their deadline (between calls
+ * to tfab_accept too), and what
  * tfab_connect says when the other end is no tfab peer, no host, or refuses.
  *
  * The contexts are on the native shm backend (TFAB_PROVIDER=shm, set by meson).
@@ -584,6 +585,38 @@ static void test_strangers_closed_by_deadline(void **state)
 	assert_int_equal(tfab_context_destroy(lctx), 0);
 }
 
+/*
+ * Between calls to tfab_accept, the connections still in hand end by their deadline too, as
+ * long as someone drives progress (the liveness checks reap them).
+ */
+static void test_strangers_reaped_between_calls(void **state)
+{
+	struct tfab_context *lctx = keyed_context("300");
+	struct stranger s = {.kind = SILENT};
+	struct tfab_peer *peer = NULL;
+	uint64_t end;
+
+	(void)state;
+	log_clear();
+	assert_int_equal(tfab_listen(lctx, "127.0.0.1", 0, &s.port), 0);
+	assert_int_equal(sem_init(&s.ready, 0, 0), 0);
+	assert_int_equal(pthread_create(&s.thread, NULL, stranger_main, &s), 0);
+	assert_int_equal(sem_wait(&s.ready), 0);
+	/* taken in hand, not done: the call returns without it */
+	assert_int_equal(tfab_accept(lctx, 100, &peer), -ETIMEDOUT);
+	end = tfab__now_ms() + 300 + SLACK_MS;
+	while (tfab__now_ms() < end && !logged("tfab_accept: refused ", s.addr)) {
+		assert_true(tfab_progress(lctx) >= 0);
+		usleep(1000);
+	}
+	assert_int_equal(pthread_join(s.thread, NULL), 0);
+	sem_destroy(&s.ready);
+	print_message("silent stranger %s: closed after %lld ms\n", s.addr, (long long)s.closed_ms);
+	assert_true(s.closed_ms >= 0 && s.closed_ms <= 300 + SLACK_MS);
+	assert_true(logged("tfab_accept: refused ", "sent nothing within 300 ms"));
+	assert_int_equal(tfab_context_destroy(lctx), 0);
+}
+
 /* What tfab_connect says. */
 
 /* A port that nothing listens on, below the ephemeral range (test_sock.c's way). */
@@ -736,6 +769,7 @@ int main(void)
 	    cmocka_unit_test(test_world_answer),
 	    cmocka_unit_test(test_strangers_delay_no_peer),
 	    cmocka_unit_test(test_strangers_closed_by_deadline),
+	    cmocka_unit_test(test_strangers_reaped_between_calls),
 	    cmocka_unit_test(test_connect_not_a_peer),
 	    cmocka_unit_test(test_connect_silent),
 	    cmocka_unit_test(test_connect_unknown_host),
