@@ -492,6 +492,19 @@ void tfab__heartbeat_close(struct tfab_heartbeat *hb);
 int tfab__heartbeat_add(struct tfab_heartbeat *hb, int fd);
 /* Before the socket closes. */
 void tfab__heartbeat_remove(struct tfab_heartbeat *hb, int fd);
+/*
+ * Reads what came on a bootstrap connection, without waiting: heartbeats, or its end. Where
+ * beats came, *heard_ms_p (in: the last one's, or 0) gets when the last of them arrived, in
+ * tfab__coarse_ms's clock, as the kernel stamped it. Whether the connection has ended.
+ */
+bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p);
+/*
+ * When a beat stamped stamp_ns (CLOCK_REALTIME) arrived, in tfab__coarse_ms's clock, read at
+ * now_ms (that clock) and real_now_ns; now_ms where that would come before floor_ms (the beat
+ * before it: the wall clock stepped meanwhile, or the stamp is of another clock).
+ */
+uint64_t tfab__heartbeat_arrival_ms(uint64_t now_ms, uint64_t real_now_ns, uint64_t stamp_ns,
+				    uint64_t floor_ms);
 
 /* context.c */
 void tfab__ctx_lock(struct tfab_context *ctx);

@@ -2,14 +2,15 @@
  * Heartbeats (doc/design.md, "Liveness"): a thread of the context's own writes one byte on
  * every peer's bootstrap connection each TFAB_HEARTBEAT_MS, whether or not the application
  * calls progress, so that a peer which stopped (SIGSTOP, a hung host, a partition) falls
- * silent while one that is merely busy does not. The judging side is in peer.c: it reads
- * what came (tfab__peer_hear) from the liveness checks of progress.
+ * silent while one that is merely busy does not. The judging side is in peer.c: the liveness
+ * checks of progress read what came (tfab__heartbeat_hear) and judge the silence since.
  *
  * The thread touches nothing but its own set of descriptors, under its own lock: a socket
  * leaves the set (tfab__heartbeat_remove) before the engine closes it.
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -103,6 +104,8 @@ int tfab__heartbeat_add(struct tfab_heartbeat *hb, int fd)
 
 	if (!hb)
 		return 0;
+	/* The kernel stamps what arrives: the silence counts from there (tfab__heartbeat_hear). */
+	(void)setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &(int){1}, sizeof(int));
 	pthread_mutex_lock(&hb->lock);
 	if (hb->nfds == hb->cap) {
 		unsigned cap = hb->cap ? 2 * hb->cap : 16;
@@ -144,4 +147,80 @@ void tfab__heartbeat_remove(struct tfab_heartbeat *hb, int fd)
 		}
 	}
 	pthread_mutex_unlock(&hb->lock);
+}
+
+uint64_t tfab__heartbeat_arrival_ms(uint64_t now_ms, uint64_t real_now_ns, uint64_t stamp_ns,
+				    uint64_t floor_ms)
+{
+	uint64_t age_ms = real_now_ns > stamp_ns ? (real_now_ns - stamp_ns) / 1000000u : 0;
+
+	/*
+	 * Older than the beat before it: the wall clock stepped forward meanwhile, or the stamp
+	 * is of another clock. Heard now, then, as if unstamped: never judged sooner for it.
+	 */
+	if (age_ms >= now_ms || now_ms - age_ms < floor_ms)
+		return now_ms;
+	return now_ms - age_ms;
+}
+
+/* The kernel's stamp (CLOCK_REALTIME, in ns) of what a read returned, or 0 where it has none. */
+static uint64_t stamp_of(struct msghdr *msg)
+{
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS &&
+		    c->cmsg_len >= CMSG_LEN(sizeof(struct timespec))) {
+			struct timespec ts;
+
+			memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+			return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+		}
+	}
+	return 0;
+}
+
+bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p)
+{
+	union {
+		struct cmsghdr align;
+		char buf[CMSG_SPACE(sizeof(struct timespec))];
+	} ctl;
+	uint8_t buf[256];
+	uint64_t stamp = 0;
+	bool heard = false, more = false;
+
+	/* Bounded: a peer that streams bytes at us does not hold progress here. */
+	for (int reads = 0; reads < 16; reads++) {
+		struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+		struct msghdr msg = {.msg_iov = &iov,
+				     .msg_iovlen = 1,
+				     .msg_control = ctl.buf,
+				     .msg_controllen = sizeof(ctl.buf)};
+		ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
+
+		if (n > 0) {
+			heard = true;
+			more = n == (ssize_t)sizeof(buf);
+			stamp = stamp_of(&msg);
+		} else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+			if (heard)
+				*heard_ms_p = tfab__coarse_ms();
+			return true;
+		} else if (errno != EINTR) {
+			more = false;
+			break;
+		}
+	}
+	if (!heard)
+		return false;
+	/*
+	 * When the last beat arrived, not when this read it: an application busy when it came
+	 * (a progress call late) starts no silence late. Bytes left unread (a flood), or
+	 * unstamped, count as heard now.
+	 */
+	if (stamp && !more)
+		*heard_ms_p = tfab__heartbeat_arrival_ms(
+		    tfab__coarse_ms(), tfab__clock_ns(CLOCK_REALTIME), stamp, *heard_ms_p);
+	else
+		*heard_ms_p = tfab__coarse_ms();
+	return false;
 }

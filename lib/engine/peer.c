@@ -1542,28 +1542,16 @@ void tfab__peer_on_ctrl(struct tfab_context *ctx, uint32_t imm, uint32_t src_id)
 		on_leave(peer);
 }
 
-/* Nothing is sent on the bootstrap connection after the bootstrap: readable means closed. */
 /*
  * Reads what came on the peer's bootstrap connection: heartbeats (heartbeat.c), which say
  * it is alive, or its end, which says it has left. Whether it has left.
  */
 static bool bootstrap_closed(struct tfab_peer *peer)
 {
-	uint8_t buf[256];
-	ssize_t n;
-
 	if (peer->sock < 0)
 		return false;
-	/* Bounded: a peer that streams bytes at us does not hold progress here. */
-	for (int reads = 0; reads < 16 && !peer->closed_at_ms; reads++) {
-		n = recv(peer->sock, buf, sizeof(buf), MSG_DONTWAIT);
-		if (n > 0)
-			peer->heard_ms = tfab__coarse_ms();
-		else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-			peer->closed_at_ms = tfab__coarse_ms();
-		else if (errno != EINTR)
-			break;
-	}
+	if (!peer->closed_at_ms && tfab__heartbeat_hear(peer->sock, &peer->heard_ms))
+		peer->closed_at_ms = tfab__coarse_ms();
 	return peer->closed_at_ms != 0;
 }
 

@@ -2351,6 +2351,72 @@ static int sc_peer_stopped(struct mp *mp)
 }
 
 /*
+ * A peer that stops while rank 0's application is busy (no progress calls): its silence counts
+ * from its last heartbeat's arrival, not from when rank 0 got round to reading it. Rank 0
+ * drives progress until it has heard rank 1, then calls none for BUSY_MS; rank 1 stops
+ * STOP_AFTER_MS into that, so its last beats arrive unread. The deadline (LIMIT_MS after the
+ * stop) falls after rank 0 is back in progress: rank 1 must fail by then, plus SLACK_MS. The
+ * regression counted the silence from the first progress call after the busy spell, which
+ * made it fail BUSY_MS - STOP_AFTER_MS later (the fault suite's stop case saw 716 ms late).
+ */
+static int sc_peer_stopped_busy(struct mp *mp)
+{
+	enum {
+		LIMIT_MS = 1500,
+		BEAT_MS = 100,
+		BUSY_MS = 1300,
+		STOP_AFTER_MS = 300,
+		SLACK_MS = 500
+	};
+	struct tfab_context *ctx = NULL;
+	struct tfab_peer *peer;
+	unsigned port, pid, stop_ms;
+
+	CHECK_RC(liveness_context("1500", &ctx), 0);
+	if (mp->rank == 1) {
+		CHECK_RC(mp_get(mp, 0, "psb_port", &port), 0);
+		CHECK_RC(tfab_connect(ctx, "127.0.0.1", (uint16_t)port, WAIT_MS, &peer), 0);
+		CHECK_RC(mp_put(mp, "psb_pid", (unsigned)getpid()), 0);
+		/* beats go on without progress calls: the heartbeat thread writes them */
+		CHECK_RC(mp_wait_note_quiet(mp, 0, "psb_busy", 0), 0);
+		usleep(STOP_AFTER_MS * 1000);
+		CHECK_RC(mp_put(mp, "psb_stop_ms", (unsigned)ms_now()), 0);
+		raise(SIGSTOP);
+		/* rank 0 kills it while stopped: never here */
+		return 1;
+	}
+	uint64_t until, took;
+	int status = 0;
+	uint16_t p16;
+
+	CHECK_RC(tfab_listen(ctx, "127.0.0.1", 0, &p16), 0);
+	CHECK_RC(mp_put(mp, "psb_port", p16), 0);
+	CHECK_RC(tfab_accept(ctx, WAIT_MS, &peer), 0);
+	for (until = ms_now() + WAIT_MS; !peer->heard_ms && ms_now() < until;)
+		tfab_progress(ctx);
+	CHECK(peer->heard_ms != 0);
+	CHECK_RC(mp_note(mp, "psb_busy"), 0);
+	usleep(BUSY_MS * 1000);
+	CHECK_RC(mp_get(mp, 1, "psb_stop_ms", &stop_ms), 0);
+	CHECK_RC(mp_get(mp, 1, "psb_pid", &pid), 0);
+	for (until = ms_now() + LIMIT_MS + WAIT_MS; !status && ms_now() < until;) {
+		tfab_progress(ctx);
+		status = tfab_peer_status(peer);
+	}
+	took = (uint32_t)((unsigned)ms_now() - stop_ms);
+	fprintf(stderr,
+		"rank 0: busy for %d ms; the peer that stopped %d ms into it failed %llu ms "
+		"after its stop with %s\n",
+		BUSY_MS, STOP_AFTER_MS, (unsigned long long)took, tfab_strerror(status));
+	CHECK(kill((pid_t)pid, SIGKILL) == 0);
+	CHECK(status == -TFAB_ERR_TIMEOUT);
+	CHECK(took >= LIMIT_MS - 2 * BEAT_MS);
+	CHECK(took <= LIMIT_MS + SLACK_MS);
+	CHECK_RC(tfab_context_destroy(ctx), 0);
+	return 0;
+}
+
+/*
  * Rank 1's part where rank 0 deals with a stopped peer: connect to rank 0's port
  * (<prefix>_port), give our pid (<prefix>_pid), say so (<prefix>_stopping) and stop; once
  * resumed, wait until the peer has failed us (rank 0 destroyed it meanwhile), leave, and say
@@ -4739,6 +4805,12 @@ static const struct mp_scenario scenarios[] = {
      .fn = sc_failure_messages,
      .no_barrier = true,
      .killed = 1u << 1},
+    {.name = "peer_stopped_busy",
+     .nranks = 2,
+     .fn = sc_peer_stopped_busy,
+     .no_barrier = true,
+     .killed = 1u << 1,
+     .only_named = true},
     {.name = "peer_freed_stopped",
      .nranks = 2,
      .fn = sc_peer_freed_stopped,
