@@ -9,20 +9,28 @@
  * Each prints READY once its context is up (the hub's listening), then reads END_MS from its
  * standard input: CLOCK_REALTIME in milliseconds, when every process of a case stops starting
  * rounds. The driver sends it once all are ready, so that a slow start (a VM under emulation)
- * does not eat the case's time. A round of a spoke is a send of "up" (BYTES) and a receive of "down"; the hub
- * receives "up" and answers with "down" of the same size. Every tensor is checked word by
- * word. A spoke whose connection fails connects again until the end.
+ * does not eat the case's time. Later lines "FAULT MS" say when the case's fault began. A
+ * round of a spoke is a send of "up" (BYTES) and a receive of "down"; the hub receives "up"
+ * and answers with "down" of the same size. Every tensor is checked word by word, with a
+ * progress call every 4 MiB checked or filled: the library finds failures and answers its
+ * peers only in its calls, and a rank that spent seconds in its own work without one would
+ * measure itself. A spoke whose connection fails connects again until the end.
  *
  * What it prints, for the driver to judge:
  *   FAIL op=recv|send step=N status=NAME post_ms=T fail_ms=T   (an operation that failed)
- *   HUNG op=... step=N post_ms=T                              (pending past the bound)
+ *   HUNG op=... step=N post_ms=T from_ms=T                    (pending past the bound)
+ *   STALL in=app|progress|destroy from_ms=T to_ms=T         (long outside or in one call)
+ *   tfab LEVEL [SUBSYS] @T: ...                              (the library's log, stamped)
  *   SUMMARY role=R completed=N failed=N corrupt=N hung=N connections=N
- * The bound on any operation without an answer is TFAB_OP_TIMEOUT_MS plus TFAB_HEARTBEAT_MS
- * plus TFAB_TEST_SLACK_MS (every process gets the same environment), in time this process ran:
- * a stopped one's operations do not hang while it is stopped.
+ * The bound on any operation is TFAB_OP_TIMEOUT_MS plus TFAB_HEARTBEAT_MS plus
+ * TFAB_TEST_SLACK_MS (every process gets the same environment), counted from its post, or
+ * from the fault where that began later (from_ms): the deadlines bound how long a peer may
+ * stay silent, not how long a live one may take. It counts time this process ran: a stopped
+ * one's operations do not hang while it is stopped.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,15 +83,24 @@ static uint64_t word(int64_t step, int dir, size_t i)
 	return ((uint64_t)step << 40) ^ ((uint64_t)dir << 36) ^ (i * 0x9e3779b97f4a7c15ull);
 }
 
+/* A progress call between chunks of this many words checked or filled (4 MiB). */
+enum { CHUNK_WORDS = 1 << 19 };
+static void chunk_done(void);
+
 static void fill(uint64_t *w, size_t bytes, int64_t step, int dir)
 {
-	for (size_t i = 0; i < bytes / 8; i++)
+	for (size_t i = 0; i < bytes / 8; i++) {
+		if (i % CHUNK_WORDS == CHUNK_WORDS - 1)
+			chunk_done();
 		w[i] = word(step, dir, i);
+	}
 }
 
 static bool intact(const uint64_t *w, size_t bytes, int64_t step, int dir)
 {
 	for (size_t i = 0; i < bytes / 8; i++) {
+		if (i % CHUNK_WORDS == CHUNK_WORDS - 1)
+			chunk_done();
 		if (w[i] != word(step, dir, i)) {
 			size_t bad = 0;
 
@@ -123,6 +140,77 @@ static void turn(void)
 	if (last_turn_ms && now > last_turn_ms + PAUSE_MS)
 		paused_ms += now - last_turn_ms;
 	last_turn_ms = now;
+}
+
+/*
+ * When the case's fault began (CLOCK_REALTIME ms), once the driver has said so on standard
+ * input (a thread of its own reads it); 0 before.
+ */
+static _Atomic uint64_t fault_ms;
+
+static void *driver_main(void *arg)
+{
+	unsigned long long ms;
+	char line[64];
+
+	(void)arg;
+	while (fgets(line, sizeof(line), stdin)) {
+		if (sscanf(line, "FAULT %llu", &ms) == 1)
+			atomic_store(&fault_ms, ms);
+	}
+	return NULL;
+}
+
+/*
+ * Spells of the main thread longer than STALL_MS outside the library (its own work) or in
+ * one call of it, said for whoever reads a failure: what the library finds waits for a call.
+ */
+enum { STALL_MS = 300 };
+static uint64_t left_lib_ms; /* when the main thread's last library call returned */
+
+static uint64_t lib_enter(void)
+{
+	uint64_t now = realtime_ms();
+
+	if (left_lib_ms && now > left_lib_ms + STALL_MS)
+		printf("STALL in=app from_ms=%llu to_ms=%llu\n", (unsigned long long)left_lib_ms,
+		       (unsigned long long)now);
+	return now;
+}
+
+static void lib_leave(const char *call, uint64_t entered)
+{
+	uint64_t now = realtime_ms();
+
+	if (now > entered + STALL_MS)
+		printf("STALL in=%s from_ms=%llu to_ms=%llu\n", call, (unsigned long long)entered,
+		       (unsigned long long)now);
+	left_lib_ms = now;
+}
+
+static void progress(struct tfab_context *ctx)
+{
+	uint64_t entered = lib_enter();
+
+	turn();
+	tfab_progress(ctx);
+	lib_leave("progress", entered);
+}
+
+static void peer_destroy(struct tfab_peer *peer)
+{
+	uint64_t entered = lib_enter();
+
+	tfab_peer_destroy(peer);
+	lib_leave("destroy", entered);
+}
+
+static struct tfab_context *the_ctx; /* for the progress calls between chunks */
+
+static void chunk_done(void)
+{
+	if (the_ctx)
+		progress(the_ctx);
 }
 
 /* One operation of a round. */
@@ -191,13 +279,17 @@ static void check_hung(struct op *op)
 {
 	turn(); /* a stop inside the last progress call counts as a pause too */
 
-	uint64_t ran = realtime_ms() - op->post_ms - (paused_ms - op->paused_at_post);
+	uint64_t fault = atomic_load(&fault_ms);
+	uint64_t from = fault > op->post_ms ? fault : op->post_ms;
+	uint64_t span = realtime_ms() - from, paused = paused_ms - op->paused_at_post;
+	uint64_t ran = span > paused ? span - paused : 0;
 
 	if (op->pending && !op->reported_hung && ran > bound_ms) {
 		op->reported_hung = true;
 		totals.hung++;
-		printf("HUNG op=%s step=%lld post_ms=%llu\n", op->name, (long long)op->step,
-		       (unsigned long long)op->post_ms);
+		printf("HUNG op=%s step=%lld post_ms=%llu from_ms=%llu\n", op->name,
+		       (long long)op->step, (unsigned long long)op->post_ms,
+		       (unsigned long long)from);
 		fflush(stdout);
 	}
 }
@@ -252,6 +344,7 @@ static void conn_post_failed(struct op *op, int rc)
 static uint64_t ready_wait(void)
 {
 	unsigned long long end_ms;
+	pthread_t thread;
 
 	printf("READY\n");
 	fflush(stdout);
@@ -259,6 +352,9 @@ static uint64_t ready_wait(void)
 		fprintf(stderr, "fault_rank: no END_MS on standard input\n");
 		return 0;
 	}
+	/* what comes next on standard input is the fault's start */
+	if (pthread_create(&thread, NULL, driver_main, NULL) == 0)
+		pthread_detach(thread);
 	return end_ms;
 }
 
@@ -300,13 +396,13 @@ static void hub_step(struct tfab_context *ctx, struct conn *c)
 		return;
 	if ((last->name && last->status) || tfab_peer_status(c->peer)) {
 		/* this connection is over; the spoke makes another */
-		tfab_peer_destroy(c->peer);
+		peer_destroy(c->peer);
 		c->live = false;
 		return;
 	}
 	if (last == &c->recv && c->recv.dead) {
 		/* the spoke's goodbye: the connection ends well */
-		tfab_peer_destroy(c->peer);
+		peer_destroy(c->peer);
 		c->live = false;
 		return;
 	}
@@ -346,8 +442,7 @@ static int run_hub(struct tfab_context *ctx, uint16_t port)
 		uint64_t now = realtime_ms();
 		bool busy = false;
 
-		turn();
-		tfab_progress(ctx);
+		progress(ctx);
 		pthread_mutex_lock(&h.lock);
 		for (int i = 0; i < MAX_CONNS && h.nfresh; i++) {
 			if (!conns[i].live) {
@@ -381,12 +476,12 @@ static int run_hub(struct tfab_context *ctx, uint16_t port)
 	pthread_mutex_destroy(&h.lock);
 	for (int i = 0; i < MAX_CONNS; i++) {
 		if (conns[i].live)
-			tfab_peer_destroy(conns[i].peer);
+			peer_destroy(conns[i].peer);
 		take_received(&conns[i].recv, UP);
 		free(conns[i].buf);
 	}
 	for (int i = 0; i < h.nfresh; i++)
-		tfab_peer_destroy(h.fresh[i]);
+		peer_destroy(h.fresh[i]);
 	return 0;
 }
 
@@ -395,8 +490,7 @@ static void spoke_wait(struct tfab_context *ctx, struct conn *c)
 {
 	while ((c->send.pending && !c->send.reported_hung) ||
 	       (c->recv.pending && !c->recv.reported_hung)) {
-		turn();
-		tfab_progress(ctx);
+		progress(ctx);
 		check_hung(&c->send);
 		check_hung(&c->recv);
 	}
@@ -452,8 +546,8 @@ static int run_spoke(struct tfab_context *ctx, const char *host, uint16_t port, 
 		take_received(&c.recv, DOWN);
 		if (c.send.pending || c.recv.pending || c.send.status || c.recv.status ||
 		    tfab_peer_status(c.peer)) {
-			tfab_peer_destroy(c.peer); /* fails what is left, at once */
-			tfab_progress(ctx);
+			peer_destroy(c.peer); /* fails what is left, at once */
+			progress(ctx);
 			take_received(&c.recv, DOWN);
 			c.live = false;
 			continue;
@@ -462,10 +556,21 @@ static int run_spoke(struct tfab_context *ctx, const char *host, uint16_t port, 
 	}
 	if (c.live) {
 		spoke_goodbye(ctx, &c);
-		tfab_peer_destroy(c.peer);
+		peer_destroy(c.peer);
 	}
 	free(c.buf);
 	return 0;
+}
+
+/*
+ * The library's log lines, stamped with this clock (the driver's, and the one of FAIL and
+ * HUNG): "tfab LEVEL [SUBSYS] @MS: message".
+ */
+static void log_sink(void *arg, enum tfab_log_level level, const char *subsys, const char *msg)
+{
+	(void)arg;
+	printf("tfab %s [%s] @%llu: %s\n", tfab_log_level_name(level), subsys,
+	       (unsigned long long)realtime_ms(), msg);
 }
 
 static unsigned env_ms(const char *name, unsigned dflt)
@@ -481,6 +586,7 @@ int main(int argc, char **argv)
 	int rc;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	tfab_log_set_sink(log_sink, NULL);
 	bound_ms = env_ms("TFAB_OP_TIMEOUT_MS", 60000) + env_ms("TFAB_HEARTBEAT_MS", 1000) +
 		   env_ms("TFAB_TEST_SLACK_MS", 1000);
 	if (argc == 3 && strcmp(argv[1], "hub") == 0) {
@@ -489,6 +595,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "hub: context: %s\n", tfab_strerror(rc));
 			return 1;
 		}
+		the_ctx = ctx;
 		rc = run_hub(ctx, (uint16_t)atoi(argv[2]));
 	} else if (argc == 5 && strcmp(argv[1], "spoke") == 0) {
 		rc = tfab_context_create(&ctx);
@@ -496,6 +603,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "spoke: context: %s\n", tfab_strerror(rc));
 			return 1;
 		}
+		the_ctx = ctx;
 		rc = run_spoke(ctx, argv[2], (uint16_t)atoi(argv[3]),
 			       strtoull(argv[4], NULL, 10) & ~(size_t)7);
 	} else {
@@ -503,6 +611,7 @@ int main(int argc, char **argv)
 			argv[0]);
 		return 2;
 	}
+	the_ctx = NULL;
 	tfab_context_destroy(ctx);
 	printf("SUMMARY role=%s completed=%ld failed=%ld corrupt=%ld hung=%ld connections=%ld\n",
 	       argv[1], totals.completed, totals.failed, totals.corrupt, totals.hung,
