@@ -31,6 +31,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ HEARTBEAT_MS = 500
 # in the verbs suite's VM, whose CPUs are emulated (TFAB_FAULTS_SLACK_MS).
 SLACK_MS = int(os.environ.get("TFAB_FAULTS_SLACK_MS", "700"))
 BOUND_MS = DEADLINE_MS + HEARTBEAT_MS + SLACK_MS
-PORT = 17321
+PORT = 17321  # the hub's, in its own namespace; a local path's hub takes a free one (free_port)
 TAG = "tf%d" % os.getpid()
 NS = {h: "%s-%s" % (TAG, h) for h in ("sw", "h0", "h1", "h2")}
 ADDR = {"h0": "10.77.0.1", "h1": "10.77.0.2", "h2": "10.77.0.3"}
@@ -194,8 +195,18 @@ def shm_objects():
         return set()
 
 
+def free_port():
+    """A TCP port free on this host now, for a hub outside the namespaces (a local path): a
+    fixed one there is shared with every other run of the suite on this machine, whose hub
+    may hold it (this hub then fails) or take this run's spokes."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
 def start(rank, host, path, args, env_extra=None):
-    env = dict(os.environ)
+    # the driver's own settings stay here: tfab warns of TFAB_ variables it does not know
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFAB_FAULTS_")}
     env.update({"TFAB_PROVIDER": path, "TFAB_OP_TIMEOUT_MS": str(DEADLINE_MS),
                 "TFAB_HEARTBEAT_MS": str(HEARTBEAT_MS), "TFAB_TEST_SLACK_MS": str(SLACK_MS),
                 "TFAB_LOG_LEVEL": os.environ.get("TFAB_FAULTS_LOG_LEVEL", "warn")})
@@ -257,9 +268,10 @@ def run_case(rank, name, path):
     hub_host = "h0"
     hub_addr = {"shm": "127.0.0.1", "verbs": RDMA_ADDR, "ofi:verbs": RDMA_ADDR}.get(
         path, ADDR[hub_host])
-    procs = {"h0": start(rank, "h0", path, ["hub", PORT])}
-    procs["h1"] = start(rank, "h1", path, ["spoke", hub_addr, PORT, h1_bytes])
-    procs["h2"] = start(rank, "h2", path, ["spoke", hub_addr, PORT, MIB])
+    port = free_port() if path in LOCAL else PORT
+    procs = {"h0": start(rank, "h0", path, ["hub", port])}
+    procs["h1"] = start(rank, "h1", path, ["spoke", hub_addr, port, h1_bytes])
+    procs["h2"] = start(rank, "h2", path, ["spoke", hub_addr, port, MIB])
     problems, notes, early = [], [], {}
     # The case's clock starts once every rank is up: each is told when it ends.
     late = wait_ready(procs, early)
