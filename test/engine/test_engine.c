@@ -4413,7 +4413,7 @@ static int sc_content_error(struct mp *mp)
 }
 
 /*
- * A peer that lies (issue 12, item 4): on contexts of its own, rank 0's victim context serves
+ * A peer that lies: on contexts of its own, rank 0's victim context serves
  * an honest peer (rank 2) and, round after round, a fresh liar connection from rank 1, which
  * speaks the protocol wrongly on purpose through the engine's internals: a zero-byte write
  * into the victim's inbox whose immediate names no request (LIE_NONE), the honest peer's

@@ -134,7 +134,7 @@ static const char *cuda_loaded(void)
 	return dl_iterate_phdr(find_cuda, name) ? name : NULL;
 }
 
-/* CPU-only users never load CUDA: loading libtfab must not bring the CUDA runtime (issue 9). */
+/* CPU-only users never load CUDA: loading libtfab must not bring the CUDA runtime. */
 static void test_no_cuda_at_load(void **state)
 {
 	const char *name = cuda_loaded();

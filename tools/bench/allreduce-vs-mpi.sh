@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# allreduce-vs-mpi.sh: issue 14's figures in one script. tfab-perf allreduce and Open MPI's
+# allreduce-vs-mpi.sh: the world's figures in one script. tfab-perf allreduce and Open MPI's
 # MPI_Allreduce (tools/bench/mpi_allreduce.c, timed the same way) on the same N local ranks
 # and sizes, REPS times each, interleaved; per size the medians of latency and bus bandwidth,
 # and tfab's over MPI's (bus bandwidth: > 1 is tfab faster; latency: < 1 is tfab faster).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# no-request.sh: issue 11's figures in one script. tensor-vs-raw.sh (tfab-perf all: memcpy,
+# no-request.sh: no-request mode's figures in one script. tensor-vs-raw.sh (tfab-perf all: memcpy,
 # raw writes and tensors in one run, medians of REPS runs) three times, on each path:
 #   1. without no-request mode, at 8 B, 1 MiB and 64 MiB;
 #   2. with it at 8 B (depth 32, so a window of 64: tfab-perf caps the depth at the window);

@@ -5,7 +5,7 @@
 # thread's memcpy (`tfab-perf memcpy`; tools/memcpy-bw adds the backend's own
 # streaming copy), on this machine in one run. Runs are interleaved (shm,
 # shm --heap-dst, ofi:shm, memcpy, shm, ...) so that drifting load hits all alike; the table
-# gives medians and the ratios that issue 10 sets as targets, for raw writes and for tensors
+# gives medians and the ratios the same-host targets are set in, for raw writes and for tensors
 # (into library-allocated destinations, tfab-perf's default), and beside the tensor latency
 # the fabric's own share of it (raw writes with a request-sized message each way per round),
 # then for the small sizes each run's latencies and tensor/ofi:shm ratio (a machine's speed

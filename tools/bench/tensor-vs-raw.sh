@@ -3,7 +3,7 @@
 # provider and prints, per size, the median tensor/raw bandwidth ratio, the median ratio of
 # tensor latency to raw one-way latency, copies (must be 0), and the median bandwidth of
 # memcpy in the same runs with raw's and tensor's fractions of it (the same-host bound), the
-# fabric writes per tensor fetch, and the bandwidth ratio of every run (issue 11 asks for it
+# fabric writes per tensor fetch, and the bandwidth ratio of every run (wanted
 # in each run, not only the median). After each run, `tfab-perf memcpy -w W` (W: the window
 # of ARGS' -w, else 16, as tensor's) copies into as many destinations in turn as tensor has
 # receives in flight: "memcpy-w" and tensor's fraction of it, the bound of tensor at sizes
