@@ -69,20 +69,26 @@ int tfab__parse_size(const char *text, uint64_t *value_p)
 	return 0;
 }
 
+/* A number with K, M, G suffixes within [min, max]: what both integer kinds read. */
+static int parse_bounded(const char *text, unsigned long min, unsigned long max, uint64_t *v_p)
+{
+	int rc = tfab__parse_size(text, v_p);
+
+	if (rc)
+		return rc;
+	return *v_p < min || *v_p > max ? -ERANGE : 0;
+}
+
 static int parse_uint(const char *text, void *field, size_t size, unsigned long min,
 		      unsigned long max)
 {
 	uint64_t v;
-	int rc;
+	int rc = parse_bounded(text, min, max, &v);
 
 	(void)size;
-	rc = tfab__parse_size(text, &v);
-	if (rc)
-		return rc;
-	if (v < min || v > max)
-		return -ERANGE;
-	*(unsigned *)field = (unsigned)v;
-	return 0;
+	if (rc == 0)
+		*(unsigned *)field = (unsigned)v;
+	return rc;
 }
 
 static void format_uint(const void *field, char *buf, size_t len)
@@ -166,16 +172,12 @@ static int parse_size(const char *text, void *field, size_t size, unsigned long 
 		      unsigned long max)
 {
 	uint64_t v;
-	int rc;
+	int rc = parse_bounded(text, min, max, &v);
 
 	(void)size;
-	rc = tfab__parse_size(text, &v);
-	if (rc)
-		return rc;
-	if (v < min || v > max)
-		return -ERANGE;
-	*(uint64_t *)field = v;
-	return 0;
+	if (rc == 0)
+		*(uint64_t *)field = v;
+	return rc;
 }
 
 static void format_size(const void *field, char *buf, size_t len)
