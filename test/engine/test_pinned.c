@@ -565,6 +565,7 @@ static int sc_heartbeats(struct mp *mp)
 				for (int k = 0; k < 100000; k++)
 					spin += (uint64_t)k;
 			}
+			(void)spin;
 			CHECK(mp_noted(mp, 0, end));
 		} else {
 			double expected;
