@@ -83,7 +83,8 @@ TFAB_EXPORT int tfab_listen(struct tfab_context *ctx, const char *host, uint16_t
  * address and why) and delays no other, and the call goes on. Handshakes still running when
  * it returns go on at the next call (and end by their deadline meanwhile). A signal does not
  * end the wait: an interrupted system call is retried, and -EINTR is never returned; a caller
- * that must react to signals runs it on another thread.
+ * that must react to signals runs it on another thread. tfab_abort from another thread ends
+ * the wait within 100 ms, with the abort's status.
  */
 TFAB_EXPORT int tfab_accept(struct tfab_context *ctx, int timeout_ms, struct tfab_peer **peer_p);
 /*
@@ -249,7 +250,9 @@ TFAB_EXPORT int tfab_step_cleanup(struct tfab_context *ctx, int64_t step_id);
 
 /*
  * Fails every pending operation with status (negative; -TFAB_ERR_ABORTED if 0) and makes
- * every later send and receive fail with it at once.
+ * every later send and receive fail with it at once. A tfab_accept waiting in another thread
+ * ends with it too (within 100 ms), as do the handshakes of a tfab_connect and of a world's
+ * join; a tfab_connect still retrying a refused connection ends at its own timeout.
  */
 TFAB_EXPORT int tfab_abort(struct tfab_context *ctx, int status);
 

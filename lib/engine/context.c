@@ -559,7 +559,7 @@ int tfab_abort(struct tfab_context *ctx, int status)
 		status = -TFAB_ERR_ABORTED;
 	tfab__ctx_lock(ctx);
 	if (!ctx->abort_status)
-		ctx->abort_status = status;
+		__atomic_store_n(&ctx->abort_status, status, __ATOMIC_RELEASE);
 	requests_cleanup(ctx, true, 0, status);
 	tfab__sends_cleanup(ctx, true, 0, status);
 	if (ctx->coll && ctx->coll->on_fail(ctx->coll_arg, NULL, status))

@@ -433,7 +433,7 @@ struct tfab_context {
 	uint64_t send_seq;		 /* the last send's seq */
 	unsigned flushers;		 /* threads in tfab_flush waiting on cond */
 	uint64_t orphans;		 /* failed sends whose writes are still in flight */
-	int abort_status;
+	int abort_status; /* set once, atomically (read unlocked: tfab__ctx_aborted) */
 	int listen_fd;
 	/*
 	 * Connections to listen_fd in their bootstrap handshakes (handshake.h), many at once,
@@ -561,6 +561,12 @@ void tfab__peer_fail(struct tfab_peer *peer, int status);
  */
 void tfab__peer_fail_why(struct tfab_peer *peer, int status, const char *why);
 /* The peer in messages: "peer 3 at 127.0.0.1:4000 over ofi:tcp" (its id, address and path). */
+/* 0, or the status of the tfab_abort that ended the context; safe without the lock. */
+static inline int tfab__ctx_aborted(struct tfab_context *ctx)
+{
+	return __atomic_load_n(&ctx->abort_status, __ATOMIC_ACQUIRE);
+}
+
 static inline const char *tfab__peer_name(const struct tfab_peer *peer)
 {
 	return peer->name;

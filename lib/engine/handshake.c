@@ -490,6 +490,10 @@ int tfab__hs_drive(struct tfab_hs_set *set, int lfd, uint64_t until, struct tfab
 		}
 		if (now >= until)
 			return -ETIMEDOUT;
+		rc = tfab__ctx_aborted(set->ctx);
+		if (rc)
+			return rc;
+		wake = min_u64(wake, now + TFAB_HS_ABORT_POLL_MS);
 		if (lfd < 0 && !set->n)
 			return -ENOENT;
 		rc = pfd_room(set, set->n + 1);

@@ -22,6 +22,8 @@
 #define TFAB_HS_MAX 512
 /* How long a refusal may take to reach the peer (and an answer to go out) after it is made. */
 #define TFAB_HS_LINGER_MS 1000
+/* How soon a wait in tfab__hs_drive sees tfab_abort: it polls no longer at a time. */
+#define TFAB_HS_ABORT_POLL_MS 100
 
 enum tfab_hs_state {
 	TFAB_HS_AUTH,	/* authenticating (auth.c) */
@@ -105,7 +107,8 @@ int tfab__hs_connect(struct tfab_hs_set *set, int fd, const char *addr, uint64_t
 /*
  * Moves every handshake of the set on, and takes new connections from lfd (>= 0) into it,
  * until one ends that goes back to the caller (*done_p, out of the set: DONE, or a reported
- * one FAILED), or until `until`: -ETIMEDOUT. -ENOENT when there is nothing to drive.
+ * one FAILED), or until `until`: -ETIMEDOUT. -ENOENT when there is nothing to drive. Once
+ * tfab_abort was called, the abort's status (seen within TFAB_HS_ABORT_POLL_MS).
  * Accepted connections that fail are logged (warn) with their address and why, and closed.
  */
 int tfab__hs_drive(struct tfab_hs_set *set, int lfd, uint64_t until, struct tfab_hs **done_p);

@@ -4,7 +4,7 @@
  * world's records and rank 0's answer read as rank 0 and a rank read them (a rank >= the
  * world's size is refused), strangers on a listening context (silent, sending garbage,
  * holding another key) that delay no peer and are closed by their deadline (between calls
- * to tfab_accept too), and what
+ * to tfab_accept too), tfab_abort ending a waiting tfab_accept or tfab_connect, and what
  * tfab_connect says when the other end is no tfab peer, no host, or refuses.
  *
  * The contexts are on the native shm backend (TFAB_PROVIDER=shm, set by meson).
@@ -756,6 +756,69 @@ static void test_connect_refused(void **state)
 	assert_int_equal(tfab_context_destroy(ctx), 0);
 }
 
+struct aborter {
+	struct tfab_context *ctx;
+	int delay_ms;
+};
+
+static void *aborter_main(void *arg)
+{
+	struct aborter *a = arg;
+
+	usleep((useconds_t)a->delay_ms * 1000);
+	tfab_abort(a->ctx, -ECANCELED);
+	return NULL;
+}
+
+/*
+ * tfab_abort from another thread ends a tfab_accept waiting for a peer that never comes (a
+ * silent stranger in hand), and a tfab_connect waiting on a silent server's handshake, with
+ * the abort's status, long before their timeouts (a bound on the calls, not a measure).
+ */
+static void test_abort_ends_bootstrap_waits(void **state)
+{
+	struct tfab_context *ctx = keyed_context("20000");
+	struct stranger s = {.kind = SILENT};
+	struct tfab_peer *peer = NULL;
+	struct aborter a = {.ctx = ctx, .delay_ms = 200};
+	struct server sv;
+	pthread_t t;
+	uint64_t t0;
+	uint16_t port;
+
+	(void)state;
+	log_clear();
+	assert_int_equal(tfab_listen(ctx, "127.0.0.1", 0, &port), 0);
+	s.port = port;
+	assert_int_equal(sem_init(&s.ready, 0, 0), 0);
+	assert_int_equal(pthread_create(&s.thread, NULL, stranger_main, &s), 0);
+	assert_int_equal(sem_wait(&s.ready), 0);
+	assert_int_equal(pthread_create(&t, NULL, aborter_main, &a), 0);
+	t0 = tfab__now_ms();
+	assert_int_equal(tfab_accept(ctx, LONG_MS, &peer), -ECANCELED);
+	print_message("tfab_accept ended %llu ms after it began (abort at 200 ms)\n",
+		      (unsigned long long)(tfab__now_ms() - t0));
+	assert_true(tfab__now_ms() - t0 < 200 + SLACK_MS);
+	assert_null(peer);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	/* an accept after the abort fails at once */
+	assert_int_equal(tfab_accept(ctx, LONG_MS, &peer), -ECANCELED);
+	assert_int_equal(tfab_context_destroy(ctx), 0);
+	assert_int_equal(pthread_join(s.thread, NULL), 0);
+	sem_destroy(&s.ready);
+
+	assert_int_equal(tfab_context_create(&ctx), 0);
+	a.ctx = ctx;
+	server_start(&sv, NULL, 0);
+	assert_int_equal(pthread_create(&t, NULL, aborter_main, &a), 0);
+	t0 = tfab__now_ms();
+	assert_int_equal(tfab_connect(ctx, "127.0.0.1", sv.port, LONG_MS, &peer), -ECANCELED);
+	assert_true(tfab__now_ms() - t0 < 200 + SLACK_MS);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	server_stop(&sv);
+	assert_int_equal(tfab_context_destroy(ctx), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -774,6 +837,7 @@ int main(void)
 	    cmocka_unit_test(test_connect_silent),
 	    cmocka_unit_test(test_connect_unknown_host),
 	    cmocka_unit_test(test_connect_refused),
+	    cmocka_unit_test(test_abort_ends_bootstrap_waits),
 	};
 
 	tfab_log_set_sink(log_sink, NULL);

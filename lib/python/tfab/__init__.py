@@ -284,20 +284,6 @@ def _like(out, src):
     return flat[:n].reshape(shape)
 
 
-def _wake_listener(host, port):
-    """Connect to our own listener and hang up: an accept waiting there ends (its bootstrap
-    fails) rather than at its timeout."""
-    import socket
-    if host in (None, "", "0.0.0.0", "*"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-    except OSError:
-        pass
-
-
 class Context:
     """A tfab context: one per process is typical.
 
@@ -320,7 +306,6 @@ class Context:
         # ("join",) -> (a concurrent.futures.Future of their value, what they were given).
         self._interrupted = {}
         self._big_keys = set()  # (peer, key) whose tensors were large: no first slice
-        self._listening = None  # (host, port) of listen(): close() wakes an accept there
         _live.add(self)
 
     # Life
@@ -328,11 +313,9 @@ class Context:
     def close(self) -> None:
         """Abort what is pending (futures fail with AbortedError) and close every peer. The
         library's memory behind received tensors still alive stays valid until they go.
-        A connect() or a join that Ctrl-C interrupted is waited for (its timeout at most)."""
-        bg = self._interrupted.get(("accept",))
-        if bg is not None and not bg[0].done() and self._listening:
-            _wake_listener(*self._listening)  # an accept ends on no abort: its bootstrap fails
-        self._c.close()
+        An accept that Ctrl-C interrupted ends with the abort; a connect() or a join is waited
+        for (its timeout at most)."""
+        self._c.close()  # an accept that Ctrl-C interrupted ends with the abort
 
     def __enter__(self):
         return self
@@ -363,9 +346,7 @@ class Context:
 
     def listen(self, host=None, port: int = 0) -> int:
         """Listen for peers on host:port (None: any; 0: any port); returns the port."""
-        bound = self._c.listen(host, port)
-        self._listening = (host, bound)
-        return bound
+        return self._c.listen(host, port)
 
     def accept(self, timeout: float = 10.0) -> Peer:
         """Accept one peer that called connect(), within timeout seconds. Ctrl-C raises
