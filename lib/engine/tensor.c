@@ -41,7 +41,7 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 			     void **data_p)
 {
 	char name[TFAB_DTYPE_NAME_MAX];
-	int64_t expect = 1;
+	uint64_t expect = 1; /* the row-major stride; wraps where the size overflows (refused) */
 	bool overflow;
 
 	if (!t)
@@ -87,13 +87,13 @@ int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_m
 		}
 		meta->shape[i] = t->shape[i];
 		/* Compact row-major only: strides NULL, or exactly the row-major ones. */
-		if (t->strides && t->shape[i] != 1 && t->strides[i] != expect) {
+		if (t->strides && t->shape[i] != 1 && (uint64_t)t->strides[i] != expect) {
 			TFAB_ERROR(
 			    TFAB_ENGINE_SUBSYS,
 			    "a tensor with strides: only compact row-major tensors are supported");
 			return -EINVAL;
 		}
-		expect *= t->shape[i];
+		expect *= (uint64_t)t->shape[i];
 	}
 	meta->nbytes = tfab__meta_nbytes(meta, &overflow);
 	if (overflow) {
