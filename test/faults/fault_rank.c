@@ -19,7 +19,8 @@
  * What it prints, for the driver to judge:
  *   FAIL op=recv|send step=N status=NAME post_ms=T fail_ms=T   (an operation that failed)
  *   HUNG op=... step=N post_ms=T from_ms=T                    (pending past the bound)
- *   STALL in=app|progress|destroy from_ms=T to_ms=T         (long outside or in one call)
+ *   STALL in=app|progress|destroy|send|recv|status|release from_ms=T to_ms=T
+ *                                                            (long outside or in one call)
  *   tfab LEVEL [SUBSYS] @T: ...                              (the library's log, stamped)
  *   SUMMARY role=R completed=N failed=N corrupt=N hung=N connections=N
  * The bound on any operation is TFAB_OP_TIMEOUT_MS plus TFAB_HEARTBEAT_MS plus
@@ -275,6 +276,44 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	op_end(op, status);
 }
 
+/* The main thread's other library calls, each named in a STALL line when it is one. */
+static int send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		   int64_t step, const DLTensor *t, bool is_dead, void *arg)
+{
+	uint64_t entered = lib_enter();
+	int rc = tfab_send_to(ctx, peer, key, step, t, is_dead, on_sent, arg);
+
+	lib_leave("send", entered);
+	return rc;
+}
+
+static int recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
+		     int64_t step, void *arg)
+{
+	uint64_t entered = lib_enter();
+	int rc = tfab_recv(ctx, peer, key, step, NULL, on_recv, arg);
+
+	lib_leave("recv", entered);
+	return rc;
+}
+
+static int peer_status(struct tfab_peer *peer)
+{
+	uint64_t entered = lib_enter();
+	int rc = tfab_peer_status(peer);
+
+	lib_leave("status", entered);
+	return rc;
+}
+
+static void release(DLManagedTensor *t)
+{
+	uint64_t entered = lib_enter();
+
+	t->deleter(t);
+	lib_leave("release", entered);
+}
+
 static void check_hung(struct op *op)
 {
 	turn(); /* a stop inside the last progress call counts as a pause too */
@@ -308,7 +347,7 @@ static void take_received(struct op *op, int dir)
 		totals.corrupt++;
 		fflush(stdout);
 	}
-	t->deleter(t);
+	release(t);
 }
 
 static int conn_send(struct tfab_context *ctx, struct conn *c, const char *key, int dir,
@@ -331,7 +370,7 @@ static int conn_send(struct tfab_context *ctx, struct conn *c, const char *key, 
 	c->shape = (int64_t)(bytes / 8);
 	t.data = c->buf;
 	op_post(&c->send, "send", c->step);
-	return tfab_send_to(ctx, c->peer, key, c->step, &t, false, on_sent, &c->send);
+	return send_to(ctx, c->peer, key, c->step, &t, false, &c->send);
 }
 
 /* A post that returned an error: the failure is seen now, which may be well after post_ms. */
@@ -394,7 +433,7 @@ static void hub_step(struct tfab_context *ctx, struct conn *c)
 
 	if (c->recv.pending || c->send.pending)
 		return;
-	if ((last->name && last->status) || tfab_peer_status(c->peer)) {
+	if ((last->name && last->status) || peer_status(c->peer)) {
 		/* this connection is over; the spoke makes another */
 		peer_destroy(c->peer);
 		c->live = false;
@@ -419,7 +458,7 @@ static void hub_step(struct tfab_context *ctx, struct conn *c)
 		c->step++;
 	/* posted after the end too: the spoke ends its connection (a goodbye) */
 	op_post(&c->recv, "recv", c->step);
-	rc = tfab_recv(ctx, c->peer, "up", c->step, NULL, on_recv, &c->recv);
+	rc = recv_post(ctx, c->peer, "up", c->step, &c->recv);
 	if (rc)
 		conn_post_failed(&c->recv, rc);
 }
@@ -504,7 +543,7 @@ static void spoke_goodbye(struct tfab_context *ctx, struct conn *c)
 	c->shape = 0;
 	t.shape = &c->shape;
 	op_post(&c->send, "send", c->step);
-	if (tfab_send_to(ctx, c->peer, "up", c->step, &t, true, on_sent, &c->send) == 0)
+	if (send_to(ctx, c->peer, "up", c->step, &t, true, &c->send) == 0)
 		spoke_wait(ctx, c);
 	else
 		c->send.pending = false;
@@ -539,13 +578,13 @@ static int run_spoke(struct tfab_context *ctx, const char *host, uint16_t port, 
 		if (rc)
 			conn_post_failed(&c.send, rc);
 		op_post(&c.recv, "recv", c.step);
-		rc = tfab_recv(ctx, c.peer, "down", c.step, NULL, on_recv, &c.recv);
+		rc = recv_post(ctx, c.peer, "down", c.step, &c.recv);
 		if (rc)
 			conn_post_failed(&c.recv, rc);
 		spoke_wait(ctx, &c);
 		take_received(&c.recv, DOWN);
 		if (c.send.pending || c.recv.pending || c.send.status || c.recv.status ||
-		    tfab_peer_status(c.peer)) {
+		    peer_status(c.peer)) {
 			peer_destroy(c.peer); /* fails what is left, at once */
 			progress(ctx);
 			take_received(&c.recv, DOWN);
