@@ -465,15 +465,24 @@ int tfab_peer_connect(struct tfab_peer *peer, const void *blob, size_t len)
 }
 
 /*
- * Wait (driving progress) until no write of ours to the peer is in flight, at most 2 s; other
- * threads' calls go on meanwhile (tfab__progress_turn).
+ * Wait (driving progress) until no write of ours to the peer is in flight: at most 2 s, and
+ * no longer than TFAB_LEAVE_QUIET_MS without one of them completing. A stopped peer takes
+ * none, and the caller, often the thread that answers every other peer, must not stop for
+ * seconds: what is left waits as a zombie (tfab__peer_free), and the peer was told first
+ * (LEAVE, after those writes) or has failed. Other threads' calls go on meanwhile
+ * (tfab__progress_turn).
  */
 static bool peer_drain(struct tfab_peer *peer)
 {
-	uint64_t deadline = tfab__now_ms() + 2000;
+	struct tfab_leave_clock clock;
+	uint64_t now = tfab__now_ms();
 
-	while (peer->users && tfab__now_ms() < deadline)
+	tfab__leave_clock_start(&clock, now, 2000, peer->users);
+	while (peer->users && now < clock.deadline &&
+	       tfab__leave_clock_hopeful(&clock, now, peer->users)) {
 		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);
+		now = tfab__now_ms();
+	}
 	return peer->users == 0;
 }
 
@@ -488,8 +497,10 @@ static void peer_flush(struct tfab_peer *peer);
  * credit. Our requests to it end with a CANCEL (those posted ahead of their receives too,
  * which no-request mode keeps standing), and we wait until it has read them, as its credits
  * tell: from then on it writes nothing more to us, and its connection closes as any other's
- * (not cut). That wait ends too once no credit has come for TFAB_LEAVE_QUIET_MS: a peer cut
- * off or stopped never answers, and what is left here fails now, not 2 s later. Then a
+ * (not cut). Every one of these waits ends too once no credit has come for
+ * TFAB_LEAVE_QUIET_MS: a peer cut off or stopped never answers, and what is left here fails
+ * now, not 2 s later (a peer busy that long without progress loses the TAKENs still queued:
+ * its sends fail, though we took them). Then a
  * LEAVE, the last thing we write to it: it may have requests of its own standing here, whose
  * CANCELs we would never read (both sides of a no-request pair end so), and it cuts nothing
  * once it knows that we write nothing more. Other threads' calls go on during these waits
@@ -515,16 +526,18 @@ static void peer_leave(struct tfab_peer *peer)
 			peer_send_taken(peer);
 		now = tfab__now_ms();
 		hopeful = tfab__leave_clock_hopeful(&clock, now, peer->tx_acked);
-		if ((!peer->ntaken && tfab__list_empty(&peer->pending) &&
-		     (!peer->ncancelled || !hopeful)) ||
-		    now >= clock.deadline)
+		if ((!peer->ntaken && tfab__list_empty(&peer->pending) && !peer->ncancelled) ||
+		    !hopeful || now >= clock.deadline)
 			break;
 		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);
 	}
 	/* Last, our LEAVE: the peer, which may be leaving us too, then cuts nothing. */
 	tfab__peer_send_leave(peer);
 	while (peer->leave_sent && !tfab__list_empty(&peer->pending) && peer->connected &&
-	       !peer->failed && tfab__now_ms() < clock.deadline) {
+	       !peer->failed) {
+		now = tfab__now_ms();
+		if (!tfab__leave_clock_hopeful(&clock, now, peer->tx_acked) || now >= clock.deadline)
+			break;
 		peer_flush(peer);
 		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);
 	}
@@ -541,8 +554,10 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 	peer_leave(peer);
 	tfab__peer_fail(peer, -TFAB_ERR_ABORTED);
 	if (!peer_drain(peer))
-		TFAB_WARN(SUBSYS, "%s: writes still in flight after 2 s; freeing anyway",
-			  tfab__peer_name(peer));
+		TFAB_INFO(SUBSYS,
+			  "%s: %u writes to it still in flight, none ending: they end with the "
+			  "connection",
+			  tfab__peer_name(peer), peer->users);
 	tfab__peer_free(peer);
 	tfab__ctx_unlock(ctx);
 	return 0;
