@@ -536,7 +536,8 @@ static void peer_leave(struct tfab_peer *peer)
 	while (peer->leave_sent && !tfab__list_empty(&peer->pending) && peer->connected &&
 	       !peer->failed) {
 		now = tfab__now_ms();
-		if (!tfab__leave_clock_hopeful(&clock, now, peer->tx_acked) || now >= clock.deadline)
+		if (!tfab__leave_clock_hopeful(&clock, now, peer->tx_acked) ||
+		    now >= clock.deadline)
 			break;
 		peer_flush(peer);
 		tfab__progress_turn(peer->ctx, TFAB_IDLE_PAUSE_US);

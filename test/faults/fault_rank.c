@@ -277,8 +277,8 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 }
 
 /* The main thread's other library calls, each named in a STALL line when it is one. */
-static int send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key,
-		   int64_t step, const DLTensor *t, bool is_dead, void *arg)
+static int send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
+		   const DLTensor *t, bool is_dead, void *arg)
 {
 	uint64_t entered = lib_enter();
 	int rc = tfab_send_to(ctx, peer, key, step, t, is_dead, on_sent, arg);
