@@ -124,9 +124,9 @@ TFAB_EXPORT int tfab_peer_fabric(const struct tfab_peer *peer, const char **back
 TFAB_EXPORT int tfab_peer_status(struct tfab_peer *peer);
 /*
  * Fails the peer's pending operations with -TFAB_ERR_ABORTED and frees it. It may wait, up to
- * 2 s each, for the peer to read what we owe it and for our writes to it to end (a stopped
- * peer takes both); the context's other threads go on meanwhile, and whatever they post for
- * this peer then fails with it.
+ * 2 s each, for the peer to read what we owe it and for our writes to it to end, but no
+ * longer than 100 ms without either moving: a stopped peer costs about 200 ms. The context's
+ * other threads go on meanwhile, and whatever they post for this peer then fails with it.
  */
 TFAB_EXPORT int tfab_peer_destroy(struct tfab_peer *peer);
 

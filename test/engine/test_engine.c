@@ -2454,7 +2454,7 @@ static int stopped_rank(struct mp *mp, struct tfab_context *ctx, const char *pre
  * A peer freed while our writes to it are in flight, which complete later (a regression: their
  * completions pointed into the freed peer). Rank 1 stops (SIGSTOP); rank 0 asks it for a
  * tensor, whose request sits unread in rank 1's ring on shm, fails it at the deadline,
- * destroys the peer (its 2 s drain gives up), and resumes rank 1, which reads the request
+ * destroys the peer (its drain gives up), and resumes rank 1, which reads the request
  * now: rank 0's progress then sees the write complete. Rank 1 finds its peer failed and
  * leaves. On contexts of their own (TFAB_OP_TIMEOUT_MS 1000, TFAB_HEARTBEAT_MS 100).
  */
