@@ -71,6 +71,15 @@ CASES = {
     "duplicate": (NET, MIB, 5, ("netem", "duplicate 10%"), 0.5, 4),
 }
 
+# Cases that run only when named on the command line, with the reason. libfabric's sockets
+# provider (deprecated upstream for tcp) stalls the hub once a stopped spoke resumes and
+# connects again: progress calls of 1.4 to 4.4 s, then a refused write to the survivor
+# (FI_ENOENT). Seen in 2 of about 20 runs beside stress-ng --cpu 2, never on tcp (doc/faults.md).
+BY_NAME_ONLY = {
+    ("stop", "ofi:sockets"): "libfabric's sockets provider stalls the hub when a stopped peer "
+                             "resumes (doc/faults.md)",
+}
+
 
 def sh(*args, check=True):
     return subprocess.run(list(args), check=check, stdout=subprocess.PIPE,
@@ -421,6 +430,10 @@ def main():
         runs += [(name, p, True) for p in ([path] if path else CASES[name][0])]
     if not runs:
         runs = [(n, p, False) for n, c in CASES.items() for p in c[0]]
+        for n, p in BY_NAME_ONLY:
+            runs.remove((n, p, False))
+            print("case %-10s %-11s not run unless named (%s:%s): %s"
+                  % (n, p, n, p, BY_NAME_ONLY[(n, p)]))
     if os.geteuid() != 0:
         skip("the fault suite makes network namespaces: it needs root")
     for tool in ("ip", "nft"):
