@@ -2490,12 +2490,13 @@ static int sc_peer_freed_stopped(struct mp *mp)
  * soon. Rank 1 stops (SIGSTOP) with rank 0's request for a tensor unread, so that its destroy
  * on rank 0 waits what it may (the leave's wait for credit, the drain of writes a stopped peer
  * never takes); a thread of rank 0 destroys it, and rank 0's main thread, 20 ms into that,
- * receives a tensor from rank 2 on the same context with a 1 s timeout. Regressions: the
- * destroy held the context's lock through its waits, and every other call of the context
- * waited behind it (the receive timed out); and the drain waited its whole 2 s for writes
- * that never end (2.0-2.1 s on every fabric), where the destroy now gives up once none has
- * ended for 100 ms: it must end well within those 2 s. Rank 1, resumed, finds its peer gone
- * and leaves. On contexts of their own, without a progress thread (the variants with one
+ * receives a tensor from rank 2 on the same context. Regressions: the destroy held the
+ * context's lock through its waits, and every other call of the context waited behind it (the
+ * receive timed out); and the drain waited its whole 2 s for writes that never end (2.0-2.1 s
+ * on every fabric), where the destroy now gives up once none has ended for 100 ms: it must
+ * end before those 2 s (100 to 200 ms here; 470 ms under ThreadSanitizer, where the receive
+ * took 600 ms to over 1 s, too close to the 1 s it once had). Rank 1, resumed, finds its peer
+ * gone and leaves. On contexts of their own, without a progress thread (the variants with one
  * run it too).
  */
 struct destroy_arg {
@@ -2546,7 +2547,7 @@ static int sc_destroy_lets_others(struct mp *mp)
 	CHECK(pthread_create(&th, NULL, destroy_main, &a) == 0);
 	usleep(20 * 1000);
 	t0 = ms_now();
-	rc = tfab_recv_sync(ctx, peer, "dl/other", 1, NULL, 1000, &m, NULL);
+	rc = tfab_recv_sync(ctx, peer, "dl/other", 1, NULL, WAIT_MS, &m, NULL);
 	took = ms_now() - t0;
 	CHECK(pthread_join(th, NULL) == 0);
 	fprintf(stderr,
@@ -2554,7 +2555,7 @@ static int sc_destroy_lets_others(struct mp *mp)
 		"of stopped rank 1, which took %llu ms\n",
 		(unsigned long long)took, tfab_strerror(rc), (unsigned long long)a.took_ms);
 	CHECK_RC(rc, 0);
-	CHECK(a.took_ms < 1500);
+	CHECK(a.took_ms < 1900);
 	CHECK(bytes_match(m->dl_tensor.data, 128, 61));
 	m->deleter(m);
 	CHECK_RC(a.rc, 0);
