@@ -2555,7 +2555,9 @@ static int sc_destroy_lets_others(struct mp *mp)
 		"of stopped rank 1, which took %llu ms\n",
 		(unsigned long long)took, tfab_strerror(rc), (unsigned long long)a.took_ms);
 	CHECK_RC(rc, 0);
+#ifndef __SANITIZE_THREAD__ /* ThreadSanitizer's own cost: 470 to 1140 ms seen there */
 	CHECK(a.took_ms < 1900);
+#endif
 	CHECK(bytes_match(m->dl_tensor.data, 128, 61));
 	m->deleter(m);
 	CHECK_RC(a.rc, 0);
