@@ -560,13 +560,13 @@ void tfab__peer_fail(struct tfab_peer *peer, int status);
  * with it.
  */
 void tfab__peer_fail_why(struct tfab_peer *peer, int status, const char *why);
-/* The peer in messages: "peer 3 at 127.0.0.1:4000 over ofi:tcp" (its id, address and path). */
 /* 0, or the status of the tfab_abort that ended the context; safe without the lock. */
 static inline int tfab__ctx_aborted(struct tfab_context *ctx)
 {
 	return __atomic_load_n(&ctx->abort_status, __ATOMIC_ACQUIRE);
 }
 
+/* The peer in messages: "peer 3 at 127.0.0.1:4000 over ofi:tcp" (its id, address and path). */
 static inline const char *tfab__peer_name(const struct tfab_peer *peer)
 {
 	return peer->name;
