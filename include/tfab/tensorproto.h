@@ -1,4 +1,5 @@
-/*
+/**
+ * @file
  * TensorProto bytes, compatible with TensorFlow's (tensorflow/core/framework/tensor.proto):
  * the same message, field numbers and DataType values, so that tfab tensors can be handed to
  * and taken from TensorFlow. Numeric tensors are written as tensor_content (TensorFlow's own
@@ -37,15 +38,16 @@
 extern "C" {
 #endif
 
-/*
+/**
  * Serialize t into buf (cap bytes); *len_p gets the length. With a buf too small (or NULL),
  * -ENOSPC and *len_p the length needed.
  */
 TFAB_EXPORT int tfab_tensorproto_encode(const DLTensor *t, void *buf, size_t cap, size_t *len_p);
+/** The same for a string tensor, its strings written as string_val. */
 TFAB_EXPORT int tfab_tensorproto_encode_strings(const struct tfab_string_tensor *t, void *buf,
 						size_t cap, size_t *len_p);
 
-/*
+/**
  * Parse len bytes. A numeric tensor goes to *tensor_p (a CPU DLManagedTensor; release it with
  * its deleter), a string tensor to *strings_p (release with tfab_string_tensor_free); the other
  * is set to NULL. Passing NULL for one refuses that kind with -EPROTOTYPE. Malformed bytes,
@@ -56,7 +58,7 @@ TFAB_EXPORT int tfab_tensorproto_encode_strings(const struct tfab_string_tensor 
 TFAB_EXPORT int tfab_tensorproto_decode(const void *buf, size_t len, DLManagedTensor **tensor_p,
 					struct tfab_string_tensor **strings_p);
 
-/*
+/**
  * The same, with the memory the decode may hold at once bounded by max_bytes instead: the
  * message as protobuf-c parses it (with its scratch while it parses, about 32 bytes a value
  * of a repeated field; a string tensor's strings stay in the message), and the decoded
@@ -71,7 +73,7 @@ TFAB_EXPORT int tfab_tensorproto_decode_max(const void *buf, size_t len, uint64_
 					    DLManagedTensor **tensor_p,
 					    struct tfab_string_tensor **strings_p);
 
-/*
+/**
  * tfab_tensorproto_decode's bound: 256 MiB, the default of TFAB_STRING_MAX_BYTES, the setting
  * that bounds a string tensor a context receives.
  */

@@ -1,4 +1,5 @@
-/*
+/**
+ * @file
  * tfab, the tensor fabric: zero-copy tensor transfers between processes over RDMA fabrics.
  * This umbrella header includes the whole public API.
  */
@@ -18,11 +19,14 @@
 extern "C" {
 #endif
 
+/** The major version of these headers; tfab_version gives the library's at run time. */
 #define TFAB_VERSION_MAJOR 0
+/** The minor version of these headers. */
 #define TFAB_VERSION_MINOR 1
+/** The patch version of these headers. */
 #define TFAB_VERSION_PATCH 0
 
-/* The library's version as "major.minor.patch". Thread-safe. */
+/** The library's version as "major.minor.patch". Thread-safe. */
 TFAB_EXPORT const char *tfab_version(void);
 
 #ifdef __cplusplus
