@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The C sources pass the committed .clang-format. usage: format.sh SOURCE_ROOT
+# The C sources (the examples in doc/examples too) pass the committed .clang-format.
+# usage: format.sh SOURCE_ROOT
 cd "$1" || exit 1
 if ! command -v clang-format >/dev/null; then
 	echo "SKIP: clang-format is not installed"
@@ -11,5 +12,5 @@ while IFS= read -r f; do
 		echo "not formatted: $f (clang-format -i $f)"
 		bad=1
 	fi
-done < <(find include lib providers test tools -name '*.[ch]' | sort)
+done < <(find include lib providers test tools doc/examples -name '*.[ch]' | sort)
 exit $bad
