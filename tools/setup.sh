@@ -52,6 +52,8 @@ test_packages=(
 	nftables
 	# a world under mpirun, and tools/bench's MPI_Allreduce reference
 	openmpi-bin libopenmpi-dev
+	# the API reference (ninja -C build doc) and its test of the public headers' comments
+	doxygen
 )
 
 packages=("${library_packages[@]}")
