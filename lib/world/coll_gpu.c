@@ -12,7 +12,7 @@
 #include <tfab/status.h>
 
 #include "engine/engine.h"
-#include "engine/world.h"
+#include "world/world.h"
 #include "util/log.h"
 
 #define SUBSYS "coll"

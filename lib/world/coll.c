@@ -29,8 +29,8 @@
 #include <tfab/world.h>
 
 #include "engine/engine.h"
-#include "engine/reduce.h"
-#include "engine/world.h"
+#include "world/reduce.h"
+#include "world/world.h"
 #include "util/log.h"
 #include "util/time.h"
 

@@ -21,7 +21,7 @@
 #include <tfab/status.h>
 
 #include "engine/engine.h"
-#include "engine/world.h"
+#include "world/world.h"
 #include "util/log.h"
 #include "util/segment.h"
 #include "util/time.h"
