@@ -18,7 +18,7 @@
 
 #include <tfab/tfab.h>
 
-#include "engine/world.h"
+#include "world/world.h"
 #include "json.h"
 #include "perf.h"
 #include "util/sock.h"

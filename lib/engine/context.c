@@ -58,6 +58,59 @@ void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *
 	pthread_mutex_unlock(&ctx->lock);
 }
 
+bool tfab__ctx_coll_taken(struct tfab_context *ctx)
+{
+	bool taken;
+
+	tfab__ctx_lock(ctx);
+	taken = ctx->coll != NULL;
+	tfab__ctx_unlock(ctx);
+	return taken;
+}
+
+/* The world layer's view of the context (engine_world.h). */
+int tfab__ctx_aborted(struct tfab_context *ctx)
+{
+	return __atomic_load_n(&ctx->abort_status, __ATOMIC_ACQUIRE);
+}
+
+const struct tfab_config *tfab__ctx_config(const struct tfab_context *ctx)
+{
+	return &ctx->cfg;
+}
+
+struct tfab_stats *tfab__ctx_stats(struct tfab_context *ctx)
+{
+	return &ctx->stats;
+}
+
+struct tfab_pool *tfab__ctx_pool(struct tfab_context *ctx)
+{
+	return ctx->pool;
+}
+
+struct tfab_cuda *tfab__ctx_cuda(struct tfab_context *ctx)
+{
+	return ctx->cuda;
+}
+
+struct tfab_coll_counts *tfab__ctx_coll_counts(struct tfab_context *ctx)
+{
+	return &ctx->coll_counts;
+}
+
+int tfab__ctx_may_wait(struct tfab_context *ctx, bool *thread_p)
+{
+	int rc = 0;
+
+	tfab__ctx_lock(ctx);
+	*thread_p = ctx->thread_running;
+	if (ctx->cb_depth && pthread_equal(ctx->cb_thread, pthread_self()))
+		rc = -EDEADLK;
+	tfab__ctx_unlock(ctx);
+	return rc;
+}
+
 /* Take the due callbacks, run them with the lock dropped, free their objects under it. */
 static void deliver(struct tfab_context *ctx)
 {
@@ -373,7 +426,7 @@ static int progress_call(struct tfab_context *ctx)
 	bool polls;
 
 	pthread_mutex_lock(&ctx->lock);
-	polls = atomic_load_explicit(&ctx->coll_polls, memory_order_relaxed) && ctx->coll;
+	polls = atomic_load_explicit(&ctx->coll_counts.polls, memory_order_relaxed) && ctx->coll;
 	if (progress_idle(ctx) && !polls) {
 		pthread_mutex_unlock(&ctx->lock);
 		return 0;
@@ -782,11 +835,11 @@ int tfab_get_stats(struct tfab_context *ctx, struct tfab_stats *stats_p)
 	tfab__pool_get_stats(ctx->pool, &ps);
 	stats_p->mr_registrations += ps.registrations;
 	stats_p->gpu_pins = ps.pins;
-	stats_p->coll_shm = atomic_load_explicit(&ctx->coll_shm, memory_order_relaxed);
+	stats_p->coll_shm = atomic_load_explicit(&ctx->coll_counts.shm, memory_order_relaxed);
 	stats_p->coll_bytes_wire +=
-	    atomic_load_explicit(&ctx->coll_shm_bytes, memory_order_relaxed);
+	    atomic_load_explicit(&ctx->coll_counts.shm_bytes, memory_order_relaxed);
 	stats_p->coll_bytes_logical +=
-	    atomic_load_explicit(&ctx->coll_shm_bytes, memory_order_relaxed);
+	    atomic_load_explicit(&ctx->coll_counts.shm_bytes, memory_order_relaxed);
 	tfab__ctx_unlock(ctx);
 	return 0;
 }

@@ -2,6 +2,8 @@
  * The protocol engine's internal state: the context, peers with their control channels,
  * receive requests (the receiver's whole cycle) and sends with their responses (the sender's).
  * Everything here is protected by ctx->lock; callbacks are queued and run after it is dropped.
+ * The part the world layer (lib/world/) may use is declared apart, in engine_world.h, which
+ * this header includes.
  */
 #ifndef TFAB_ENGINE_ENGINE_H
 #define TFAB_ENGINE_ENGINE_H
@@ -14,6 +16,8 @@
 #include <tfab/engine.h>
 #include <tfab/strings.h>
 
+#include "engine/auth.h"
+#include "engine/engine_world.h"
 #include "engine/mr_cache.h"
 #include "engine/pool.h"
 #include "cuda/cuda.h"
@@ -385,21 +389,6 @@ struct tfab_send {
 
 #define TFAB_POLL_EVENTS 64 /* events one poll of a path takes */
 
-/*
- * The world's collectives (coll.c), which the engine tells what concerns their eager operands
- * (COLL_DATA messages). The first three run under the context's lock, which they keep: they
- * record what happened and say whether the collectives have work to do (true), which `kick`
- * then does, outside the lock, on the thread that delivers callbacks (tfab__ctx_unlock).
- */
-struct tfab_coll_hooks {
-	/* A COLL_DATA from peer: 1 (work), 0, or < 0 to refuse the peer (a protocol error). */
-	int (*on_data)(void *arg, struct tfab_peer *peer, const struct tfab_wire_msg *m);
-	/* peer failed with status, or (peer NULL) the context aborted with it */
-	bool (*on_fail)(void *arg, struct tfab_peer *peer, int status);
-	bool (*on_tick)(void *arg, uint64_t now_ms); /* the stall deadline's check */
-	void (*kick)(void *arg);
-};
-
 struct tfab_context {
 	pthread_mutex_t lock;
 	struct tfab_config cfg;
@@ -476,12 +465,7 @@ struct tfab_context {
 	bool coll_due;
 	bool coll_left; /* a world was left: a late COLL_DATA is dropped, not refused */
 	unsigned coll_kicking;
-	/*
-	 * Collectives that wait on the world's segments (coll.c, fast_poll): while there are
-	 * some, every progress call kicks the collectives.
-	 */
-	_Atomic unsigned coll_polls;
-	_Atomic uint64_t coll_shm, coll_shm_bytes; /* tfab_stats.coll_shm, and their operands */
+	struct tfab_coll_counts coll_counts; /* kept by the world's collectives */
 };
 
 /* heartbeat.c: the thread that writes a heartbeat to every bootstrapped peer */
@@ -507,9 +491,6 @@ uint64_t tfab__heartbeat_arrival_ms(uint64_t now_ms, uint64_t real_now_ns, uint6
 				    uint64_t floor_ms);
 
 /* context.c */
-void tfab__ctx_lock(struct tfab_context *ctx);
-/* Drops the lock, then runs every callback that became due, unless another thread does. */
-void tfab__ctx_unlock(struct tfab_context *ctx);
 int tfab__progress_locked(struct tfab_context *ctx);
 /*
  * One turn of a wait made with the lock held (a blocking receive, a flush, a peer's leave): a
@@ -547,12 +528,6 @@ int tfab__path_choose(struct tfab_context *ctx, const struct tfab_wire_blob *the
 		      const struct tfab_wire_path **their_path_p, char *why, size_t whylen);
 
 /* peer.c */
-int tfab__peer_send_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
-/*
- * Install (hooks) or remove (NULL) the collectives' hooks; removing waits for a kick running
- * on another thread to end.
- */
-void tfab__ctx_set_coll(struct tfab_context *ctx, const struct tfab_coll_hooks *hooks, void *arg);
 void tfab__peer_fail(struct tfab_peer *peer, int status);
 /*
  * The same, saying why in the warning (NULL: nothing more to say): "its bootstrap connection
@@ -560,12 +535,6 @@ void tfab__peer_fail(struct tfab_peer *peer, int status);
  * with it.
  */
 void tfab__peer_fail_why(struct tfab_peer *peer, int status, const char *why);
-/* 0, or the status of the tfab_abort that ended the context; safe without the lock. */
-static inline int tfab__ctx_aborted(struct tfab_context *ctx)
-{
-	return __atomic_load_n(&ctx->abort_status, __ATOMIC_ACQUIRE);
-}
-
 /* The peer in messages: "peer 3 at 127.0.0.1:4000 over ofi:tcp" (its id, address and path). */
 static inline const char *tfab__peer_name(const struct tfab_peer *peer)
 {
@@ -629,12 +598,6 @@ void tfab__peer_hold_dest(struct tfab_peer *peer, void *buf);
 void tfab__peer_hold_request(struct tfab_peer *peer, struct tfab_request *r);
 /* Queue m behind the messages waiting: the next flush writes them, several to a slot. */
 int tfab__peer_queue_msg(struct tfab_peer *peer, const struct tfab_wire_msg *m);
-/*
- * Writes what waits for credit, TAKEN messages and credit returns. hold_new: TAKEN messages
- * for receives this progress call completed wait for the next flush (progress's own: the
- * application's writes after its callbacks go first).
- */
-bool tfab__peers_flush(struct tfab_context *ctx, bool hold_new); /* nothing left waiting */
 void tfab__peers_check_liveness(struct tfab_context *ctx);
 /* The bootstrap's handshakes to listen_fd (ctx->accepts): made with the context, ended with it. */
 int tfab__accepts_open(struct tfab_context *ctx);
@@ -680,67 +643,6 @@ void tfab__ahead_free(struct tfab_peer *peer);
 void tfab__recv_deadlines(struct tfab_peer *peer, uint64_t now_ms);
 void tfab__send_deadlines(struct tfab_context *ctx, uint64_t now_ms);
 
-/* Authenticated bootstrap (auth.c, doc/security.md). */
-#define TFAB_AUTH_NONCE 32
-#define TFAB_AUTH_MAC 32     /* HMAC-SHA256 */
-#define TFAB_AUTH_MIN_KEY 16 /* bytes */
-#define TFAB_AUTH_MSG_MAX 38 /* the longest message of the handshake (a HELLO) */
-enum tfab_auth_stage {
-	TFAB_AUTH_HELLO, /* the peer's HELLO is due */
-	TFAB_AUTH_PROOF, /* its PROOF */
-	TFAB_AUTH_DONE,	 /* it proved it holds the key (or there is none) */
-	TFAB_AUTH_FAILED,
-};
-struct tfab_auth {
-	bool on;       /* a key is set: the handshake runs and messages carry tags */
-	bool acceptor; /* this side accepted the connection */
-	bool refused;  /* this side refused the peer: a REFUSE is queued */
-	uint8_t stage; /* enum tfab_auth_stage */
-	const uint8_t *key;
-	size_t key_len;
-	uint8_t nonce_self[TFAB_AUTH_NONCE], nonce_peer[TFAB_AUTH_NONCE];
-};
-struct tfab_config;
-struct tfab_frame_tx;
-/*
- * The key of TFAB_AUTH_KEY or TFAB_AUTH_KEY_FILE into key (cap bytes of room; *len_p 0 when
- * neither is set). A short key, both set, or a file that cannot be read: -TFAB_ERR_CONFIG
- * with err naming the setting.
- */
-int tfab__auth_key_read(const struct tfab_config *cfg, uint8_t *key, size_t cap, size_t *len_p,
-			char *err, size_t errlen);
-/* Load the key into ctx (none set: no key). */
-int tfab__auth_load(struct tfab_context *ctx, char *err, size_t errlen);
-void tfab__auth_unload(struct tfab_context *ctx);
-/*
- * A new connection's handshake: with a key (key_len > 0) draws this side's nonce (nonce NULL;
- * the fuzz target and its seeds give one), and a connector queues its HELLO into out;
- * without, a is off and done at once.
- */
-int tfab__auth_start(struct tfab_auth *a, const uint8_t *key, size_t key_len, bool acceptor,
-		     const uint8_t *nonce, struct tfab_frame_tx *out);
-/*
- * One message of the peer's during the handshake (msg NULL: one of len bytes, too long for
- * the handshake, not read). 0: another is due; 1: the peer proved it holds the key (an
- * acceptor's proof is queued). Or a status, with why: -TFAB_ERR_AUTH for a wrong proof or a
- * refusal (a->refused: this side refused, a REFUSE is queued; else the peer refused us),
- * -TFAB_ERR_PROTOCOL for an acceptor whose first message is none of the handshake's.
- */
-int tfab__auth_take(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
-		    struct tfab_frame_tx *out, char *why, size_t whylen);
-/* After a message of ours, its tag (nothing when a is off). */
-int tfab__auth_tag_put(const struct tfab_auth *a, const void *data, uint32_t len,
-		       struct tfab_frame_tx *out);
-/* The peer's tag over its message: 0, or -TFAB_ERR_AUTH with why and a REFUSE queued. */
-int tfab__auth_tag_check(struct tfab_auth *a, const void *data, uint32_t len, const uint8_t *tag,
-			 uint32_t tlen, struct tfab_frame_tx *out, char *why, size_t whylen);
-/*
- * Without a key: a keyed peer's HELLO or REFUSE where a message of the bootstrap was due is
- * -TFAB_ERR_AUTH with why (an acceptor refuses: queued); anything else 0.
- */
-int tfab__auth_unkeyed(struct tfab_auth *a, const uint8_t *msg, uint32_t len,
-		       struct tfab_frame_tx *out, char *why, size_t whylen);
-
 /* strings.c */
 /* The destination a string tensor last nbytes long gets: TFAB_STRINGS_HEADROOM more. */
 uint64_t tfab__strings_capacity(const struct tfab_context *ctx, uint64_t nbytes);
@@ -748,24 +650,6 @@ uint64_t tfab__strings_capacity(const struct tfab_context *ctx, uint64_t nbytes)
 int tfab__strings_landed(struct tfab_request *r, uint64_t *nbytes_p);
 
 /* recv.c */
-/* What a receive is: a DLPack one (into dest, or the pool) with cb, or a string tensor's. */
-struct tfab_recv_args {
-	DLTensor *dest; /* the caller's destination, or NULL for a pool tensor */
-	/*
-	 * With dest NULL: the dtype and shape the pool tensor will have (its data unused), asked
-	 * for at once, with no META_DATA round trip where the key's meta-data is not cached
-	 * (the collectives, coll.c, whose keys serve tensors of every size).
-	 */
-	const DLTensor *like;
-	unsigned flags;		  /* TFAB_RECV_* */
-	bool strings;		  /* a string tensor's receive: scb, no dest */
-	tfab_recv_cb cb;	  /* NULL for a blocking receive */
-	tfab_recv_strings_cb scb; /* likewise */
-	void *arg;
-};
-/* Post a receive. */
-int tfab__recv_post(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
-		    const struct tfab_recv_args *a);
 /* The blocking receive of either kind (a->cb and a->scb NULL). */
 int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
 		    const struct tfab_recv_args *a, int timeout_ms, DLManagedTensor **tensor_p,
@@ -814,27 +698,10 @@ unsigned tfab__sends_bound(struct tfab_context *ctx, struct tfab_peer *peer,
 void tfab__sends_cleanup(struct tfab_context *ctx, bool all, int64_t step, int status);
 
 uint64_t tfab__send_hash(const char *key, uint16_t key_len, int64_t step);
-/* tfab__send_start's flags */
-enum {
-	TFAB_SEND_DATA_POOL = 1, /* data is a pool block that the send owns from here on, even
-				  * when this fails (registered on the path of the peer that takes
-				  * it) */
-	TFAB_SEND_GPU = 2,	 /* data is on the GPU: through a host proxy */
-	/*
-	 * The wait for the receiver's request is bounded by TFAB_OP_TIMEOUT_MS, from when the
-	 * send began to wait (its posting, a META_DATA reply, a re-offer): a collective's send,
-	 * whose receiver posts the receive once the collective reaches it, or has given up on
-	 * the collective; an application's send waits for its receive as long as the step lives.
-	 */
-	TFAB_SEND_BOUNDED = 4,
-};
 /* Offer data with meta under (key, step), to peer `to` alone or (NULL) to any. */
 int tfab__send_start(struct tfab_context *ctx, struct tfab_peer *to, const char *key, int64_t step,
 		     const struct tfab_wire_meta *meta, void *data, unsigned flags, tfab_send_cb cb,
 		     void *arg);
-/* tfab_send_to with tfab__send_start's flags (TFAB_SEND_BOUNDED). */
-int tfab__send_to(struct tfab_context *ctx, struct tfab_peer *peer, const char *key, int64_t step,
-		  const DLTensor *t, bool is_dead, unsigned flags, tfab_send_cb cb, void *arg);
 /* Free a finished send and what it owns, under the lock. */
 void tfab__send_free(struct tfab_context *ctx, struct tfab_send *s);
 
@@ -851,20 +718,9 @@ int tfab__strings_complete(struct tfab_request *r, const void *content, uint64_t
 int tfab__check_step(const char *what, const char *key, int64_t step);
 /* A key's length: 1..512 bytes, else -EINVAL or -ENAMETOOLONG. */
 int tfab__check_key(const char *key, size_t *len_p);
-int tfab__meta_from_dltensor(const DLTensor *t, bool is_dead, struct tfab_wire_meta *meta,
-			     void **data_p);
 uint64_t tfab__meta_nbytes(const struct tfab_wire_meta *meta, bool *overflow_p);
 /* The dtype of meta in words (tfab_dtype_name; "string" for a string tensor's). Returns buf. */
 const char *tfab__meta_dtype_name(const struct tfab_wire_meta *meta, char *buf, size_t len);
-/*
- * A tensor in CUDA device memory. check (engine lock held) opens the copier at the first one,
- * and returns -EOPNOTSUPP (logged) when the context cannot copy it.
- */
-static inline bool tfab__on_gpu(const DLTensor *t)
-{
-	return t && t->device.device_type == kDLCUDA;
-}
-int tfab__check_gpu(struct tfab_context *ctx, const DLTensor *t);
 /*
  * The DLManagedTensor that hands data (a pool block, or NULL) to the application, with meta's
  * dtype and shape; in owner, the block's holder storage (tfab__pool_alloc_owned), where given.

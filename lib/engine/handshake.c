@@ -17,6 +17,7 @@
 
 #include <tfab/status.h>
 
+#include "engine/engine.h"
 #include "engine/handshake.h"
 #include "util/log.h"
 #include "util/time.h"

@@ -4,7 +4,8 @@
  * blocks, with a deadline of its own (TFAB_HANDSHAKE_TIMEOUT_MS on the listening side), so
  * that a connection that is silent, slow, sends garbage or holds another key delays no other.
  * The authentication (auth.c) runs first; then the owner's messages (a peer's connection
- * blobs, peer.c; a world's records, world.c), each followed by its tag where a key is set.
+ * blobs, peer.c; a world's records, lib/world/world.c), each followed by its tag where a key
+ * is set.
  *
  * A set is not thread-safe: its owner serialises the calls (tfab_accept holds
  * ctx->accept_lock).
@@ -14,9 +15,11 @@
 
 #include <poll.h>
 
-#include "engine/engine.h"
+#include "engine/auth.h"
 #include "util/list.h"
 #include "util/sock.h"
+
+struct tfab_context;
 
 /* Handshakes at once in a set; further connections wait in the listen queue. */
 #define TFAB_HS_MAX 512

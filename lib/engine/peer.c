@@ -1599,6 +1599,11 @@ void tfab__peer_write_failed(struct tfab_peer *peer, int status)
 	tfab__peer_fail_why(peer, tfab__peer_write_status(peer, status), why);
 }
 
+int tfab__peer_failed(const struct tfab_peer *peer)
+{
+	return peer->failed;
+}
+
 void tfab__peer_fail(struct tfab_peer *peer, int status)
 {
 	tfab__peer_fail_why(peer, status, NULL);

@@ -18,7 +18,7 @@ struct tfab_config {
 	unsigned handshake_timeout_ms; /* TFAB_HANDSHAKE_TIMEOUT_MS */
 	unsigned op_timeout_ms;	       /* TFAB_OP_TIMEOUT_MS, 0 for none */
 	unsigned heartbeat_ms;	       /* TFAB_HEARTBEAT_MS, 0 for none */
-	/* A world (world.c): a torchrun-style environment, "" where unset */
+	/* A world (lib/world/world.c): a torchrun-style environment, "" where unset */
 	char rank[16];		   /* TFAB_RANK */
 	char world_size[16];	   /* TFAB_WORLD_SIZE */
 	char master_addr[256];	   /* TFAB_MASTER_ADDR */

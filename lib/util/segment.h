@@ -3,7 +3,7 @@
  * included, leaves nothing behind: the kernel frees a memfd with its last reference), opened
  * by other processes of this host, in its pid and mount namespaces, through
  * /proc/<pid>/fd/<n>. The shm backend's endpoints and a world's collective segment
- * (engine/coll_shm.c) are such segments.
+ * (lib/world/coll_shm.c) are such segments.
  */
 #ifndef TFAB_UTIL_SEGMENT_H
 #define TFAB_UTIL_SEGMENT_H

@@ -1,5 +1,5 @@
 /*
- * A world's join records (lib/engine/world.c): rank 0 reading what a connection sent as its
+ * A world's join records (lib/world/world.c): rank 0 reading what a connection sent as its
  * record, and a rank reading rank 0's answer (the table of every record, or an error).
  *
  * Input: a byte (bit 0: rank 0's answer, else a rank's record; bits 1 to 7: the ranks rank 0
@@ -16,7 +16,7 @@
 #include <tfab/status.h>
 
 #include "engine/engine.h"
-#include "engine/world.h"
+#include "world/world.h"
 #include "fuzz.h"
 
 #define MAX_SIZE 8

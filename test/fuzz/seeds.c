@@ -13,7 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/wire.h"
-#include "engine/world.h"
+#include "world/world.h"
 #include "fuzz.h"
 #include "fuzz_shm_ring.h"
 #include "fuzz_bootstrap.h"

@@ -1,6 +1,6 @@
 """What the ranks of test_world.py run (spawned processes, or threads with allgather=), and the
 references the results are checked against: every rank computes every rank's input from a
-seed, and folds them in the order doc/world.md documents, rounding as lib/engine/reduce.c
+seed, and folds them in the order doc/world.md documents, rounding as lib/world/reduce.c
 does (16-bit floats reduced in float32 and rounded once per step), so that every result is
 checked bit for bit."""
 import os

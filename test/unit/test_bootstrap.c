@@ -30,7 +30,7 @@
 
 #include "engine/engine.h"
 #include "engine/handshake.h"
-#include "engine/world.h"
+#include "world/world.h"
 #include "util/sock.h"
 #include "util/time.h"
 

@@ -1,5 +1,5 @@
 /*
- * Unit tests for int8 compression (lib/engine/reduce.h, doc/world.md "Compression"): blocks of
+ * Unit tests for int8 compression (lib/world/reduce.h, doc/world.md "Compression"): blocks of
  * TFAB_INT8_BLOCK values, each with its fp32 scale in front (max-abs scaling), and every
  * value's error within half a quantization step of that scale: for random data of many
  * magnitudes and both signs, with and without error feedback, and at the edges of fp32 (all
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/reduce.h"
+#include "world/reduce.h"
 
 /*
  * Half a step, and the rounding of fp32 arithmetic on top: x times the scale's inverse, and

@@ -28,9 +28,9 @@
 #include <tfab/status.h>
 #include <tfab/world.h>
 
-#include "engine/engine.h"
-#include "engine/reduce.h"
-#include "engine/world.h"
+#include "engine/engine_world.h"
+#include "world/reduce.h"
+#include "world/world.h"
 #include "util/log.h"
 #include "util/time.h"
 
@@ -158,6 +158,7 @@ static const struct tfab_coll_hooks hooks;
 
 int tfab__coll_init(struct tfab_world *w)
 {
+	const struct tfab_config *cfg = tfab__ctx_config(w->ctx);
 	pthread_condattr_t ca;
 	int rc;
 
@@ -165,9 +166,9 @@ int tfab__coll_init(struct tfab_world *w)
 	tfab__list_init(&w->runnable);
 	tfab__list_init(&w->early);
 	tfab__list_init(&w->fast);
-	w->small = w->ctx->cfg.allreduce_small;
-	w->piece = w->ctx->cfg.coll_piece;
-	w->eager = w->ctx->cfg.coll_eager;
+	w->small = cfg->allreduce_small;
+	w->piece = cfg->coll_piece;
+	w->eager = cfg->coll_eager;
 	rc = tfab__htable_init(&w->residuals, 16);
 	if (rc)
 		return rc;
@@ -181,9 +182,7 @@ int tfab__coll_init(struct tfab_world *w)
 	 * One world per context takes the hooks; another one sends its operands as tensors, and
 	 * has no segments (nothing would poll them).
 	 */
-	tfab__ctx_lock(w->ctx);
-	w->hooked = !w->ctx->coll;
-	tfab__ctx_unlock(w->ctx);
+	w->hooked = !tfab__ctx_coll_taken(w->ctx);
 	if (w->hooked)
 		tfab__ctx_set_coll(w->ctx, &hooks, w);
 	else
@@ -199,9 +198,9 @@ void tfab__coll_joined(struct tfab_world *w)
 	tfab__ctx_lock(ctx);
 	pthread_mutex_lock(&w->coll_lock);
 	w->joined = true;
-	w->aborted = ctx->abort_status;
+	w->aborted = tfab__ctx_aborted(ctx);
 	for (int r = 0; r < w->size; r++)
-		w->rank_failed[r] = w->peers[r] ? w->peers[r]->failed : 0;
+		w->rank_failed[r] = w->peers[r] ? tfab__peer_failed(w->peers[r]) : 0;
 	pthread_mutex_unlock(&w->coll_lock);
 	tfab__ctx_unlock(ctx);
 }
@@ -267,7 +266,7 @@ static void coll_free(struct tfab_coll *c)
 		free(c->ops[i].kept);
 	}
 	if (c->zbuf)
-		tfab__pool_free(c->w->ctx->pool, c->zbuf);
+		tfab__pool_free(tfab__ctx_pool(c->w->ctx), c->zbuf);
 	free(c);
 }
 
@@ -526,10 +525,14 @@ static int eager_send(struct tfab_coll *c, struct coll_op *op, bool drain, const
 				  .data = src};
 	int rc;
 
-	rc = ctx->abort_status ? ctx->abort_status : tfab__peer_send_msg(c->w->peers[op->rank], &m);
+	rc = tfab__ctx_aborted(ctx);
+	if (rc == 0)
+		rc = tfab__peer_send_msg(c->w->peers[op->rank], &m);
 	if (rc == 0 && !drain) {
-		ctx->stats.coll_bytes_wire += op->len;
-		ctx->stats.coll_bytes_logical += c->compress ? op->nelem * 4 : op->len;
+		struct tfab_stats *stats = tfab__ctx_stats(ctx);
+
+		stats->coll_bytes_wire += op->len;
+		stats->coll_bytes_logical += c->compress ? op->nelem * 4 : op->len;
 	}
 	return rc;
 }
@@ -812,9 +815,11 @@ static void drive(struct tfab_world *w)
 			 * that sent to this one are waiting for them.
 			 */
 			if (c->tensors) {
+				struct tfab_stats *stats = tfab__ctx_stats(w->ctx);
+
 				tfab__ctx_lock(w->ctx);
-				w->ctx->stats.coll_bytes_wire += c->bytes_wire;
-				w->ctx->stats.coll_bytes_logical += c->bytes_logical;
+				stats->coll_bytes_wire += c->bytes_wire;
+				stats->coll_bytes_logical += c->bytes_logical;
 				tfab__peers_flush(w->ctx, false);
 				tfab__ctx_unlock(w->ctx);
 			}
@@ -850,13 +855,15 @@ static void fast_fold(struct tfab_coll *c)
 /* c is done with the segments (lock held): drive calls it back. */
 static void fast_end(struct tfab_world *w, struct tfab_coll *c, int status)
 {
+	struct tfab_coll_counts *counts = tfab__ctx_coll_counts(w->ctx);
+
 	tfab__coll_shm_done(w, c->fseq);
 	if (c->put)
-		atomic_fetch_add_explicit(&w->ctx->coll_shm_bytes, c->nbytes, memory_order_relaxed);
+		atomic_fetch_add_explicit(&counts->shm_bytes, c->nbytes, memory_order_relaxed);
 	if (!status)
-		atomic_fetch_add_explicit(&w->ctx->coll_shm, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&counts->shm, 1, memory_order_relaxed);
 	tfab__list_del(&c->fast_link);
-	atomic_fetch_sub_explicit(&w->ctx->coll_polls, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&counts->polls, 1, memory_order_relaxed);
 	c->status = status;
 	coll_queue(c);
 }
@@ -869,7 +876,7 @@ static void fast_end(struct tfab_world *w, struct tfab_coll *c, int status)
  */
 static bool fast_poll(struct tfab_world *w)
 {
-	uint64_t limit = w->ctx->cfg.op_timeout_ms, now;
+	uint64_t limit = tfab__ctx_config(w->ctx)->op_timeout_ms, now;
 	bool any = false, ended = true;
 
 	while (ended && !tfab__list_empty(&w->fast)) {
@@ -942,7 +949,8 @@ static void coll_start(struct tfab_coll *c)
 		c->fseq = w->shm_seq++;
 		c->started_ms = tfab__coarse_ms();
 		tfab__list_add_tail(&w->fast, &c->fast_link);
-		atomic_fetch_add_explicit(&w->ctx->coll_polls, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&tfab__ctx_coll_counts(w->ctx)->polls, 1,
+					  memory_order_relaxed);
 		fast_poll(w);
 		drive(w);
 		pthread_mutex_unlock(&w->coll_lock);
@@ -1276,7 +1284,7 @@ static int zallreduce(struct tfab_coll *c, size_t count, uint32_t P, const char 
 	if (!zoff)
 		return -ENOMEM;
 	tfab__ctx_lock(ctx);
-	rc = tfab__pool_alloc(ctx->pool, 0, total, &c->zbuf, NULL);
+	rc = tfab__pool_alloc(tfab__ctx_pool(ctx), 0, total, &c->zbuf, NULL);
 	tfab__ctx_unlock(ctx);
 	if (rc == 0 && key) {
 		pthread_mutex_lock(&w->coll_lock);
@@ -1799,7 +1807,7 @@ static bool on_fail(void *arg, struct tfab_peer *peer, int status)
 static bool on_tick(void *arg, uint64_t now_ms)
 {
 	struct tfab_world *w = arg;
-	uint64_t limit = w->ctx->cfg.op_timeout_ms;
+	uint64_t limit = tfab__ctx_config(w->ctx)->op_timeout_ms;
 	bool any;
 
 	/* Only eager receives have a deadline here (the segments' is fast_poll's). */
@@ -1846,11 +1854,7 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 	if (!w)
 		return -EINVAL;
 	ctx = w->ctx;
-	tfab__ctx_lock(ctx);
-	thread = ctx->thread_running;
-	if (ctx->cb_depth && pthread_equal(ctx->cb_thread, pthread_self()))
-		rc = -EDEADLK;
-	tfab__ctx_unlock(ctx);
+	rc = tfab__ctx_may_wait(ctx, &thread);
 	if (rc)
 		return rc;
 	/* The coarse clock: a deadline in ms, read at every turn of a loop that polls. */
@@ -1892,7 +1896,8 @@ int tfab_world_wait(struct tfab_world *w, int timeout_ms)
 		 */
 		for (int idle = 0; idle < 16; idle++) {
 			/* The segments first: a progress call kicks them too, but after a poll. */
-			if (atomic_load_explicit(&ctx->coll_polls, memory_order_relaxed) &&
+			if (atomic_load_explicit(&tfab__ctx_coll_counts(ctx)->polls,
+						 memory_order_relaxed) &&
 			    w->hooked) {
 				kick(w);
 				if (atomic_load_explicit(&w->ended, memory_order_relaxed) != ended)

@@ -3,8 +3,8 @@
  * one dtype, the final division of an average, and the conversions of compression. Plain
  * loops, one per type and operation, that the compiler vectorises. No state, any thread.
  */
-#ifndef TFAB_ENGINE_REDUCE_H
-#define TFAB_ENGINE_REDUCE_H
+#ifndef TFAB_WORLD_REDUCE_H
+#define TFAB_WORLD_REDUCE_H
 
 #include <stddef.h>
 #include <stdint.h>

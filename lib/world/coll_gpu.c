@@ -11,8 +11,9 @@
 
 #include <tfab/status.h>
 
-#include "engine/engine.h"
-#include "engine/world.h"
+#include "cuda/cuda.h"
+#include "engine/engine_world.h"
+#include "world/world.h"
 #include "util/log.h"
 
 #define SUBSYS "coll"
@@ -31,6 +32,7 @@ struct tfab_coll_gpu {
 static int proxy_open(struct tfab_context *ctx, const DLTensor *t, bool copy_in, DLTensor *view,
 		      void **host_p, size_t *n_p, void **dev_p)
 {
+	struct tfab_pool *pool = tfab__ctx_pool(ctx);
 	struct tfab_wire_meta m;
 	void *data, *host = NULL;
 	int rc = tfab__meta_from_dltensor(t, false, &m, &data);
@@ -38,17 +40,17 @@ static int proxy_open(struct tfab_context *ctx, const DLTensor *t, bool copy_in,
 	if (rc == 0)
 		rc = tfab__check_gpu(ctx, t);
 	if (rc == 0)
-		rc = tfab__pool_alloc(ctx->pool, 0, (size_t)m.nbytes, &host, NULL);
+		rc = tfab__pool_alloc(pool, 0, (size_t)m.nbytes, &host, NULL);
 	if (rc)
 		return rc;
-	tfab__pool_pin(ctx->pool, host, ctx->cuda);
+	tfab__pool_pin(pool, host, tfab__ctx_cuda(ctx));
 	if (copy_in && m.nbytes) {
-		rc = tfab__cuda_copy(ctx->cuda, host, data, (size_t)m.nbytes, false);
+		rc = tfab__cuda_copy(tfab__ctx_cuda(ctx), host, data, (size_t)m.nbytes, false);
 		if (rc) {
-			tfab__pool_free(ctx->pool, host);
+			tfab__pool_free(pool, host);
 			return rc;
 		}
-		ctx->stats.bytes_copied += m.nbytes;
+		tfab__ctx_stats(ctx)->bytes_copied += m.nbytes;
 	}
 	*view = *t;
 	view->data = host;
@@ -71,11 +73,11 @@ static void gpu_free(struct tfab_coll_gpu *g)
 
 	if (g->hin) {
 		tfab_mr_invalidate(ctx, g->hin, g->nin);
-		tfab__pool_free(ctx->pool, g->hin);
+		tfab__pool_free(tfab__ctx_pool(ctx), g->hin);
 	}
 	if (g->hout && g->hout != g->hin) {
 		tfab_mr_invalidate(ctx, g->hout, g->nout);
-		tfab__pool_free(ctx->pool, g->hout);
+		tfab__pool_free(tfab__ctx_pool(ctx), g->hout);
 	}
 	free(g);
 }
@@ -90,9 +92,9 @@ static void gpu_done(void *arg, int status)
 
 	if (status == 0 && g->dev_out && g->nout) {
 		tfab__ctx_lock(ctx);
-		status = tfab__cuda_copy(ctx->cuda, g->dev_out, g->hout, g->nout, true);
+		status = tfab__cuda_copy(tfab__ctx_cuda(ctx), g->dev_out, g->hout, g->nout, true);
 		if (status == 0)
-			ctx->stats.bytes_copied += g->nout;
+			tfab__ctx_stats(ctx)->bytes_copied += g->nout;
 		tfab__ctx_unlock(ctx);
 		if (status)
 			TFAB_ERROR(SUBSYS,

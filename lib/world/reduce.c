@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/reduce.h"
+#include "world/reduce.h"
 
 int tfab__rtype_of(DLDataType dt, enum tfab_rtype *rt_p)
 {

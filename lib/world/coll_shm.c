@@ -20,8 +20,8 @@
 
 #include <tfab/status.h>
 
-#include "engine/engine.h"
-#include "engine/world.h"
+#include "engine/engine_world.h"
+#include "world/world.h"
 #include "util/log.h"
 #include "util/segment.h"
 #include "util/time.h"
@@ -171,7 +171,7 @@ static int map_all(struct tfab_world *w, struct tfab_coll_shm *s, int64_t (*all)
  */
 int tfab__coll_shm_join(struct tfab_world *w, uint64_t deadline)
 {
-	unsigned max = w->ctx->cfg.coll_shm;
+	unsigned max = tfab__ctx_config(w->ctx)->coll_shm;
 	struct tfab_coll_shm *s;
 	int64_t(*all)[4];
 	uint64_t ino = 0;

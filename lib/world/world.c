@@ -21,9 +21,8 @@
 #include <tfab/status.h>
 #include <tfab/world.h>
 
-#include "engine/engine.h"
-#include "engine/handshake.h"
-#include "engine/world.h"
+#include "engine/engine_world.h"
+#include "world/world.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/time.h"
@@ -312,6 +311,7 @@ static const struct tfab_hs_ops root_ops = {.start = root_start, .take = root_ta
 static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 {
 	struct tfab_context *ctx = w->ctx;
+	const struct tfab_config *cfg = tfab__ctx_config(ctx);
 	int size = w->size, lfd = -1, rc, arrived = 1;
 	struct meeting m = {.w = w};
 	uint8_t *msg = malloc(1 + (size_t)size * REC_LEN);
@@ -321,13 +321,13 @@ static int meet_as_root(struct tfab_world *w, uint64_t deadline)
 
 	m.have = calloc((size_t)size, sizeof(*m.have));
 	m.ranks = calloc((size_t)size, sizeof(*m.ranks));
-	tfab__hs_set_init(&set, ctx, &root_ops, &m, "rank 0", ctx->cfg.handshake_timeout_ms);
+	tfab__hs_set_init(&set, ctx, &root_ops, &m, "rank 0", cfg->handshake_timeout_ms);
 	rc = msg && m.have && m.ranks ? 0 : -ENOMEM;
 	if (rc == 0)
-		rc = tfab__sock_listen(NULL, (uint16_t)ctx->cfg.master_port, &lfd, NULL);
+		rc = tfab__sock_listen(NULL, (uint16_t)cfg->master_port, &lfd, NULL);
 	if (rc) {
 		TFAB_ERROR(SUBSYS, "rank 0 cannot listen on port %u for the world: %s",
-			   ctx->cfg.master_port, tfab_strerror(rc));
+			   cfg->master_port, tfab_strerror(rc));
 		goto out_free;
 	}
 	m.have[0] = true;
@@ -410,11 +410,12 @@ static const struct tfab_hs_ops rank_ops = {.start = rank_start, .take = rank_ta
 static int meet_through_root(struct tfab_world *w, const uint8_t *mine, uint64_t deadline)
 {
 	struct tfab_context *ctx = w->ctx;
+	const struct tfab_config *cfg = tfab__ctx_config(ctx);
 	uint32_t cap = (uint32_t)(1 + (size_t)w->size * REC_LEN + 4 + ANSWER_WHY);
 	struct meeting m = {.w = w, .answer = malloc(cap), .answer_cap = cap};
 	/* Rank 0 answers when all have come, or when it gave up waiting: a little after us. */
 	uint64_t until = deadline + 2000;
-	const char *host = ctx->cfg.master_addr;
+	const char *host = cfg->master_addr;
 	struct tfab_hs_set set;
 	struct tfab_hs *hs = NULL;
 	char addr[300], why[ANSWER_WHY];
@@ -424,10 +425,9 @@ static int meet_through_root(struct tfab_world *w, const uint8_t *mine, uint64_t
 		return -ENOMEM;
 	memcpy(m.answer, mine, REC_LEN);
 	snprintf(addr, sizeof(addr), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
-		 ctx->cfg.master_port);
-	tfab__hs_set_init(&set, ctx, &rank_ops, &m, "rank", ctx->cfg.handshake_timeout_ms);
-	rc =
-	    tfab__sock_connect(host, (uint16_t)ctx->cfg.master_port, tfab__ms_until(deadline), &fd);
+		 cfg->master_port);
+	tfab__hs_set_init(&set, ctx, &rank_ops, &m, "rank", cfg->handshake_timeout_ms);
+	rc = tfab__sock_connect(host, (uint16_t)cfg->master_port, tfab__ms_until(deadline), &fd);
 	if (rc == 0) {
 		rc = tfab__hs_connect(&set, fd, addr, until, &hs);
 		if (rc)
@@ -658,7 +658,7 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 /* This rank's settings from args, else the context's (the environment). */
 static int settings(struct tfab_world *w, const struct tfab_world_args *args, struct rank_rec *me)
 {
-	const struct tfab_config *cfg = &w->ctx->cfg;
+	const struct tfab_config *cfg = tfab__ctx_config(w->ctx);
 	const char *name = args && args->name ? args->name : cfg->world_name;
 	const char *host = args && args->host ? args->host : cfg->world_host;
 
@@ -687,9 +687,9 @@ static int settings(struct tfab_world *w, const struct tfab_world_args *args, st
 	if (!me->name[0])
 		snprintf(me->name, sizeof(me->name), "rank %d", w->rank);
 	snprintf(me->host, sizeof(me->host), "%s", host);
-	me->small = w->ctx->cfg.allreduce_small;
+	me->small = cfg->allreduce_small;
 	me->eager = w->eager; /* 0 where another world has the hooks */
-	me->shm = w->ctx->cfg.coll_shm;
+	me->shm = cfg->coll_shm;
 	/* Rank 0 is reached where it said it listens; with an allgather, at this host's name. */
 	if (!me->host[0] && w->rank == 0 && !(args && args->allgather))
 		snprintf(me->host, sizeof(me->host), "%s", cfg->master_addr);
@@ -783,7 +783,7 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 		return -EINVAL;
 	*world_p = NULL;
 	/* Under mpirun, where neither the application nor TFAB_RANK says otherwise: PMIx. */
-	if (!(args && (args->allgather || args->rank >= 0)) && !ctx->cfg.rank[0] &&
+	if (!(args && (args->allgather || args->rank >= 0)) && !tfab__ctx_config(ctx)->rank[0] &&
 	    getenv("PMIX_RANK")) {
 #ifdef TFAB_HAVE_PMIX
 		struct tfab_world_args a =

@@ -2,8 +2,8 @@
  * A world's state (world.c joins it, coll.c runs its collectives). The collectives' part is
  * guarded by coll_lock, never held across a call into the engine.
  */
-#ifndef TFAB_ENGINE_WORLD_H
-#define TFAB_ENGINE_WORLD_H
+#ifndef TFAB_WORLD_WORLD_H
+#define TFAB_WORLD_WORLD_H
 
 #include <pthread.h>
 #include <stdatomic.h>
