@@ -13,57 +13,18 @@
  * - heartbeats: one byte on the bootstrap connection at once, then one each
  *   TFAB_HEARTBEAT_MS, whether the process calls progress or is busy; none with 0.
  */
-#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include "engine/engine.h"
+#include "engine_test.h"
 #include "mp.h"
-
-#define WAIT_MS mp_stall_ms()
-
-static uint64_t ms_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/*
- * A context with some settings of its own: env is name, value pairs ending in NULL. The
- * process's own values are restored after.
- */
-static int context_with(struct tfab_context **ctx_p, const char *const *env)
-{
-	char *was[16];
-	size_t n = 0;
-	int rc;
-
-	for (; env[2 * n]; n++) {
-		const char *v = getenv(env[2 * n]);
-
-		assert(n < sizeof(was) / sizeof(was[0]));
-		was[n] = v ? strdup(v) : NULL;
-		setenv(env[2 * n], env[2 * n + 1], 1);
-	}
-	rc = tfab_context_create(ctx_p);
-	for (size_t i = 0; i < n; i++) {
-		if (was[i])
-			setenv(env[2 * i], was[i], 1);
-		else
-			unsetenv(env[2 * i]);
-		free(was[i]);
-	}
-	return rc;
-}
 
 /* A pair of contexts of the scenario's own: rank 0 listens and accepts, rank 1 connects. */
 struct pair {
@@ -127,36 +88,6 @@ static int pair_close(struct mp *mp, struct pair *p)
 	CHECK_RC(tfab_peer_destroy(p->peer), 0);
 	CHECK_RC(tfab_context_destroy(p->ctx), 0);
 	return 0;
-}
-
-/* Completion records: n is written last, with release, and read with acquire. */
-struct done {
-	int n, errors, last_status;
-};
-
-static void on_sent(void *arg, int status)
-{
-	struct done *d = arg;
-
-	if (status) {
-		d->errors++;
-		d->last_status = status;
-	}
-	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
-}
-
-static void on_recv_drop(void *arg, int status, DLManagedTensor *t, bool is_dead)
-{
-	struct done *d = arg;
-
-	(void)is_dead;
-	if (t)
-		t->deleter(t);
-	if (status) {
-		d->errors++;
-		d->last_status = status;
-	}
-	__atomic_fetch_add(&d->n, 1, __ATOMIC_RELEASE);
 }
 
 /* Drive ctx until d counts n (bounded). */

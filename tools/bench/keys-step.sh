@@ -3,7 +3,7 @@
 # keys-step.sh: the time of a step of many keys (10,000 tensors of 64 bytes, one receive and
 # one send each, every tensor checked) with control writes batched (TFAB_CTRL_BATCH=1, the
 # default) and without (0), interleaved in one run, on each path given. It runs the engine
-# test scenario many_keys (test/engine/test_engine.c), which prints the milliseconds per step
+# test scenario many_keys (test/engine/engine_keys.c), which prints the milliseconds per step
 # after the first, resident memory, and control and fabric writes per receive.
 #
 # usage: tools/bench/keys-step.sh [BUILD_DIR] [REPS] [PATHS]
