@@ -43,23 +43,31 @@ static void beat_all(struct tfab_heartbeat *hb)
 static void *heartbeat_main(void *arg)
 {
 	struct tfab_heartbeat *hb = arg;
-	struct timespec at;
+	const uint64_t interval = (uint64_t)hb->interval_ms * 1000000ull;
+	uint64_t at = tfab__now_ns(), now;
 
 	pthread_mutex_lock(&hb->lock);
-	clock_gettime(CLOCK_MONOTONIC, &at);
 	/* An interval first: each connection had its first beat when it was added. */
 	for (;;) {
-		at.tv_sec += hb->interval_ms / 1000;
-		at.tv_nsec += (long)(hb->interval_ms % 1000) * 1000000L;
-		if (at.tv_nsec >= 1000000000L) {
-			at.tv_sec++;
-			at.tv_nsec -= 1000000000L;
-		}
-		while (!hb->stop && pthread_cond_timedwait(&hb->cond, &hb->lock, &at) != ETIMEDOUT)
+		struct timespec ts;
+
+		at += interval;
+		ts.tv_sec = (time_t)(at / 1000000000ull);
+		ts.tv_nsec = (long)(at % 1000000000ull);
+		while (!hb->stop && pthread_cond_timedwait(&hb->cond, &hb->lock, &ts) != ETIMEDOUT)
 			;
 		if (hb->stop)
 			break;
 		beat_all(hb);
+		/*
+		 * Late by more than an interval (the process was stopped, or had no CPU): the next
+		 * beat goes an interval from now. Keeping the old schedule would send every beat
+		 * the stall missed at once, a burst; a beat late by less keeps it, so beats do not
+		 * drift.
+		 */
+		now = tfab__now_ns();
+		if (now > at + interval)
+			at = now;
 	}
 	pthread_mutex_unlock(&hb->lock);
 	return NULL;

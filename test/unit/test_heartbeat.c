@@ -2,7 +2,8 @@
  * Unit tests for the reading side of heartbeats (lib/engine/heartbeat.c): a beat counts as heard
  * when it arrived, as the kernel stamped it, not when progress got round to reading it; a stamp
  * older than the beat before it (the wall clock stepped) counts as now; a connection's end is
- * told.
+ * told. And the writing side: after a stall (a stopped process) the beats go on one an
+ * interval, not in a burst of the ones missed.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,8 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -113,11 +116,69 @@ static void test_heard_when_it_came(void **state)
 	close(b);
 }
 
+/* Beats waiting on fd, read off: how many. */
+static int beats_read(int fd)
+{
+	char buf[256];
+	int n = 0;
+	ssize_t got;
+
+	while ((got = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+		n += (int)got;
+	return n;
+}
+
+/*
+ * The process stops for 600 ms (SIGSTOP, as a debugger or a job control stop does) while its
+ * thread beats every 20 ms. Once it runs again, the beats go on one an interval from the first
+ * one after the stop: not 30 at once for the intervals the stop took, which a peer would read
+ * as a burst of life and the documented rate ("one each interval") does not allow.
+ */
+static void test_no_burst_after_a_stop(void **state)
+{
+	const unsigned interval = 20, stop_ms = 600;
+	struct tfab_heartbeat *hb;
+	uint64_t t0, elapsed;
+	int sv[2], n, allowed, status;
+	pid_t child;
+
+	(void)state;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	assert_int_equal(tfab__heartbeat_open(interval, &hb), 0);
+	assert_int_equal(tfab__heartbeat_add(hb, sv[0]), 0);
+	sleep_ms(100);
+	(void)beats_read(sv[1]);
+	t0 = tfab__now_ms();
+	child = fork();
+	assert_true(child >= 0);
+	if (child == 0) {
+		kill(getppid(), SIGSTOP);
+		sleep_ms(stop_ms);
+		kill(getppid(), SIGCONT);
+		_exit(0);
+	}
+	assert_int_equal(waitpid(child, &status, 0), child);
+	sleep_ms(3 * interval);
+	n = beats_read(sv[1]);
+	elapsed = tfab__now_ms() - t0;
+	/* what the time it ran allows: its intervals, and one at each edge and one beat more */
+	allowed = (int)((elapsed - (stop_ms - 100)) / interval) + 3;
+	print_message("%d beats in %llu ms, %u of them stopped; at most %d allowed\n", n,
+		      (unsigned long long)elapsed, stop_ms, allowed);
+	assert_true(n >= 1);
+	assert_true(n <= allowed);
+	tfab__heartbeat_remove(hb, sv[0]);
+	tfab__heartbeat_close(hb);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_arrival),
 	    cmocka_unit_test(test_heard_when_it_came),
+	    cmocka_unit_test(test_no_burst_after_a_stop),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
