@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every public declaration has a Doxygen comment.
 
-usage: doxygen-undocumented.py DOXYFILE INCLUDE_DIR
+usage: doxygen_undocumented.py DOXYFILE INCLUDE_DIR
 
 Runs doxygen with the API reference's Doxyfile (doc/Doxyfile.in), writing XML instead of
 HTML into a scratch folder, and fails, printing each, on:
