@@ -11,7 +11,9 @@
 #                              a worktree of the old commit: git worktree add /tmp/before HEAD~1)
 #   SIZES                      comma-separated, K/M/G suffixes allowed (default 8,1M,64M)
 #   REPS                       runs of each build per provider (default 5)
-# Environment: PROVIDERS (default "sockets tcp shm"), RUN_TIMEOUT seconds per run (300),
+# Environment: PROVIDERS (default "sockets tcp shm": libfabric's; "native" is the native shm
+#   backend, and "allreduce:N" runs `tfab-perf allreduce --ranks N` on the default path, its
+#   bandwidth the bus bandwidth), RUN_TIMEOUT seconds per run (300),
 #   ITERS (tfab-perf -n: writes per size; default tfab-perf's own, about 2 GiB per size).
 # Exits non-zero if any run failed.
 set -u
@@ -31,14 +33,21 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 status=0
 for p in $providers; do
-	env=(FI_PROVIDER="$p")
-	[ "$p" != shm ] && env+=(TFAB_OFI_DOMAIN=lo)
-	echo "run: ${env[*]} tfab-perf all -p ofi:$p -s $sizes ${iters[*]} --json (x$reps each build)" >&2
+	case $p in
+	native) env=(TFAB_LOG_LEVEL=warn) args=(all -p shm) ;;
+	allreduce:*) env=(TFAB_LOG_LEVEL=warn) args=(allreduce --ranks "${p#allreduce:}") ;;
+	*)
+		env=(FI_PROVIDER="$p")
+		[ "$p" != shm ] && env+=(TFAB_OFI_DOMAIN=lo)
+		args=(all -p "ofi:$p")
+		;;
+	esac
+	echo "run: ${env[*]} tfab-perf ${args[*]} -s $sizes ${iters[*]} --json (x$reps each build)" >&2
 	for r in $(seq 1 "$reps"); do
 		for side in before after; do
 			bin=$before
 			[ "$side" = after ] && bin=$after
-			if ! timeout "$run_timeout" env "${env[@]}" "$bin" all -p "ofi:$p" -s "$sizes" \
+			if ! timeout "$run_timeout" env "${env[@]}" "$bin" "${args[@]}" -s "$sizes" \
 				"${iters[@]}" --json | sed "s/^/$p $side /" >>"$out"; then
 				echo "ab: a run failed ($p, $side, run $r)" >&2
 				status=1
@@ -73,8 +82,11 @@ order = sorted(rows, key=lambda k: (provs.index(k[0]), rank.get(k[1], 3), k[1], 
 for prov, test, size in order:
     s = rows[(prov, test, size)]
     b, a = s["before"], s["after"]
-    # gbps carries more digits than GBps for small sizes
-    bg, ag = div(med(b, "gbps"), 8), div(med(a, "gbps"), 8)
+    # gbps carries more digits than GBps for small sizes; an allreduce has its bus bandwidth
+    if test == "allreduce":
+        bg, ag = med(b, "busbw_GBps"), med(a, "busbw_GBps")
+    else:
+        bg, ag = div(med(b, "gbps"), 8), div(med(a, "gbps"), 8)
     bl, al = med(b, "lat_us"), med(a, "lat_us")
     mc = rows.get((prov, "memcpy", size), {}).get("after", [])
     bound = None if test == "memcpy" else div(med(mc, "gbps"), 8)
