@@ -3,6 +3,8 @@ GIL released while waiting, futures and asyncio. Two contexts of this process ar
 through blobs, on the provider under test."""
 import asyncio
 import gc
+import pathlib
+import re
 import threading
 import time
 
@@ -26,6 +28,14 @@ def pair():
     yield a, b, pa, pb
     b.close()
     a.close()
+
+
+def test_version_is_the_library_s():
+    # tfab.__version__ is the C library's, which is its headers' (include/tfab/tfab.h)
+    header = (pathlib.Path(__file__).resolve().parents[2] / "include" / "tfab" / "tfab.h").read_text()
+    parts = [re.search(rf"#define TFAB_VERSION_{p} (\d+)", header).group(1)
+             for p in ("MAJOR", "MINOR", "PATCH")]
+    assert tfab.__version__ == tfab.version() == ".".join(parts)
 
 
 def test_settings_map_to_tfab_settings():

@@ -49,8 +49,11 @@ _take_signals_back()
 __all__ = [
     "Context", "World", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
     "ProtocolError", "AbortedError", "ConfigError", "NoFabricError", "OutMismatchError",
-    "status_name", "settings", "version", "MAX_KEY_LEN",
+    "status_name", "settings", "version", "MAX_KEY_LEN", "__version__",
 ]
+
+# The C library's version, as a Python package gives its own: tfab.__version__ == tfab.version().
+__version__ = _tfab.version()
 
 MAX_KEY_LEN = _tfab.MAX_KEY_LEN
 _EPROTOTYPE = __import__("errno").EPROTOTYPE

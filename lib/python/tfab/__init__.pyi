@@ -8,6 +8,7 @@ from .errors import (AbortedError as AbortedError, ConfigError as ConfigError, E
                      TimeoutError as TimeoutError, status_name as status_name)
 
 MAX_KEY_LEN: int
+__version__: str
 Key = Union[str, bytes]
 # NumPy arrays, torch tensors: anything with __dlpack__ (contiguous, on the CPU here).
 TensorLike = Any
