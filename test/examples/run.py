@@ -5,15 +5,17 @@
     run.py allreduce ALLREDUCE N  N ranks of one world (allreduce.c)
 
 The sender listens on a port of the system's choosing and prints it; the world's rank 0
-listens on a port that was free a moment before. So runs in parallel do not collide. Exits 0
+listens on a port that was free a moment before, below the ephemeral range (testprocs.py).
+So runs in parallel do not collide. Exits 0
 when every process exited 0, else prints what each one said and exits 1.
 """
 import os
 import select
-import socket
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testprocs import free_port, finish  # noqa: E402
 
 WAIT_S = 30
 
@@ -21,21 +23,6 @@ WAIT_S = 30
 def start(argv, env=None):
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-
-
-def finish(procs, early=None):
-    """Every process's (exit status, output); one still running at the bound is killed."""
-    end = time.time() + WAIT_S
-    outs = []
-    for i, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=max(1, end - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += "\n(killed: still running after %d s)" % WAIT_S
-        outs.append((p.returncode, (early or {}).get(i, "") + out))
-    return outs
 
 
 def report(outs):
@@ -49,21 +36,15 @@ def pair(exe):
     ready, _, _ = select.select([sender.stdout], [], [], WAIT_S)
     line = sender.stdout.readline() if ready else ""
     if not line.startswith("listening on port "):
-        return report(finish([sender], {0: line}))
+        return report(finish([sender], WAIT_S, {0: line}))
     receiver = start([exe, "recv", "127.0.0.1", line.split()[-1]])
-    return report(finish([sender, receiver], {0: line}))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return report(finish([sender, receiver], WAIT_S, {0: line}))
 
 
 def allreduce(exe, n):
     env = dict(os.environ, TFAB_WORLD_SIZE=str(n), TFAB_MASTER_ADDR="127.0.0.1",
                TFAB_MASTER_PORT=str(free_port()), TFAB_WORLD_TIMEOUT_MS="20000")
-    return report(finish([start([exe], dict(env, TFAB_RANK=str(r))) for r in range(n)]))
+    return report(finish([start([exe], dict(env, TFAB_RANK=str(r))) for r in range(n)], WAIT_S))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ seed, and folds them in the order doc/world.md documents, rounding as lib/world/
 does (16-bit floats reduced in float32 and rounded once per step), so that every result is
 checked bit for bit."""
 import os
-import random
-import socket
+import sys
 import threading
 import time
 
@@ -13,33 +12,14 @@ import numpy as np
 
 import tfabtest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testprocs import free_port  # noqa: E402,F401 (worlds.free_port, for the tests)
+
 SMALL = 65536  # TFAB_ALLREDUCE_SMALL's default: above it (and count >= size), a ring
 OPS = ["sum", "avg", "min", "max"]
 SIZES = [1, 1000, 300000]
 NP_DTYPES = ["float32", "float64", "float16", "int32", "int64"]
 TORCH_DTYPES = ["bfloat16", "float16", "float32"]
-
-
-def free_port():
-    """A port free now, below the kernel's ephemeral range (ip_local_port_range), which bind
-    to port 0 and connect() draw from: so that no rank's own listener (libfabric tcp's, on
-    an ephemeral port) takes it before rank 0 listens on it, as happened to one from bind to
-    port 0 ("Address already in use", once in a run of python-world-ofi-tcp)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 10000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below %d" % low)
 
 
 def rank_main(index, ports, n, port, env, func, args):

@@ -20,6 +20,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import testprocs  # noqa: E402
+
 RANK = None
 COLL = None
 WAIT_S = 60
@@ -37,18 +40,7 @@ def start(rank, size, port, extra=None, argv=None):
 
 
 def finish(procs):
-    """Every process's (exit status, output); one still running at the bound is killed."""
-    end = time.time() + WAIT_S
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(1, end - time.time()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            out += "\n(killed: still running after %d s)" % WAIT_S
-        outs.append((p.returncode, out))
-    return outs
+    return testprocs.finish(procs, WAIT_S)
 
 
 class Failed(Exception):
