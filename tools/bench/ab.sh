@@ -34,8 +34,8 @@ trap 'rm -f "$out"' EXIT
 status=0
 for p in $providers; do
 	case $p in
-	native) env=(TFAB_LOG_LEVEL=warn) args=(all -p shm) ;;
-	allreduce:*) env=(TFAB_LOG_LEVEL=warn) args=(allreduce --ranks "${p#allreduce:}") ;;
+	native) env=() args=(all -p shm) ;;
+	allreduce:*) env=() args=(allreduce --ranks "${p#allreduce:}") ;;
 	*)
 		env=(FI_PROVIDER="$p")
 		[ "$p" != shm ] && env+=(TFAB_OFI_DOMAIN=lo)
