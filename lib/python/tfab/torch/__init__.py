@@ -1,0 +1,705 @@
+"""tfab as a torch.distributed backend (doc/torch.md).
+
+``import tfab.torch`` registers the backend ``"tfab"``: after it,
+``torch.distributed.init_process_group("tfab")`` runs torch's collectives and point-to-point
+calls on a tfab world, with every init method torch has (env://, tcp://, file://, a store)
+and under torchrun or ``torch.multiprocessing.spawn``. The ranks meet through the store torch
+hands the backend: no port of tfab's own to configure. ``DistributedDataParallel`` runs on it
+unchanged; :mod:`tfab.torch.hooks`'s comm hooks compress its gradients' traffic.
+
+Every process imports this module before it makes the group: under ``mp.spawn`` the children
+run the main module's top level, so import it there, not under ``if __name__ ==
+"__main__"``.
+"""
+
+import atexit as _atexit
+import builtins as _builtins
+import datetime as _datetime
+import os as _os
+import socket as _socket
+import threading as _threading
+import time as _time
+import weakref as _weakref
+from collections import deque as _deque
+
+import torch
+import torch.distributed as dist
+
+import tfab as _tfab
+from tfab import errors as _errors
+
+__all__ = ["ProcessGroupTfab", "stats", "hooks", "BACKEND"]
+
+BACKEND = "tfab"
+
+# Completed works that no one waited stay referenced this long (a count): a C++ caller
+# (DDP's reducer) may wait on a Work after it completed, and reaches the Python override only
+# while the Python object lives. Beyond it the oldest are dropped.
+_KEEP_DONE = 4096
+
+_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.AVG: "avg",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.PRODUCT: "prod",
+}
+
+_P2P_KEY = "tfab.torch/p/%d"
+
+
+def _op_name(op, call):
+    for k, v in _OPS.items():
+        if op == k:
+            return v
+    raise RuntimeError("tfab: %s: reduce op %s is not supported (SUM, AVG, MIN, MAX, "
+                       "PRODUCT are)" % (call, op))
+
+
+def _one(tensors, call):
+    if len(tensors) != 1:
+        raise RuntimeError("tfab: %s takes one tensor per call, not %d" % (call, len(tensors)))
+    return tensors[0]
+
+
+def _local_host():
+    """The address the other ranks reach this one at: TFAB_WORLD_HOST, else the address of
+    the interface that routes to MASTER_ADDR (a UDP connect sends nothing), else None (the
+    host's name)."""
+    host = _os.environ.get("TFAB_WORLD_HOST")
+    if host:
+        return host
+    master = _os.environ.get("MASTER_ADDR")
+    if not master:
+        return None
+    try:
+        info = _socket.getaddrinfo(master, 9, type=_socket.SOCK_DGRAM)[0]
+        with _socket.socket(info[0], _socket.SOCK_DGRAM) as s:
+            s.connect(info[4])
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+class _StoreAllgather:
+    """The world join's allgather over torch's store: each call's records under
+    tfab/<generation>/<call>/<rank>. The generation counts the groups made on this store, so
+    that one made again on a store that persists (file://) never reads the last one's."""
+
+    def __init__(self, store, rank, size):
+        self.store, self.rank, self.size = store, rank, size
+        self.gen = (store.add("tfab/joins", 1) - 1) // size
+        self.calls = 0
+
+    def __call__(self, mine):
+        prefix = "tfab/%d/%d/" % (self.gen, self.calls)
+        self.calls += 1
+        self.store.set(prefix + str(self.rank), bytes(mine))
+        return [bytes(self.store.get(prefix + str(r))) for r in range(self.size)]
+
+
+class _Stats:
+    def __init__(self):
+        self.copies = 0
+        self.bytes_copied = 0
+
+
+def _contiguous(t, stats):
+    """t, or a contiguous copy of it (counted)."""
+    if t.is_contiguous():
+        return t
+    stats.copies += 1
+    stats.bytes_copied += t.numel() * t.element_size()
+    return t.contiguous()
+
+
+def _copy_back(dst, src, stats):
+    if dst is not src:
+        stats.copies += 1
+        stats.bytes_copied += src.numel() * src.element_size()
+        dst.copy_(src.view(dst.shape) if src.numel() == dst.numel() else src)
+
+
+def _flat(t):
+    return t.reshape(-1)
+
+
+class _Work(dist.Work):
+    """A call's Work: ``wait()`` returns True or raises RuntimeError (naming the rank that
+    died when one did), ``get_future()`` gives a torch future of the output tensors, failing
+    in C++ too. It ends when every tfab future it holds is done and its finish (copies back
+    into non-contiguous outputs) ran."""
+
+    def __init__(self, group, call, futs, outputs, finish=None, source_rank=-1):
+        super().__init__()
+        self._group = group
+        self._call = call
+        self._futs = futs
+        self._outputs = outputs
+        self._finish = finish
+        self._source = source_rank
+        self._lock = _threading.Lock()
+        self._ended = False
+        self._error = None
+        self._torch_fut = None
+        group._keep(self)
+        if futs:
+            self._pending = len(futs)
+            for f in futs:
+                f.add_done_callback(self._one_done)
+        else:
+            self._pending = 0
+            self._end()
+
+    def _one_done(self, _f):
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._end()
+
+    def _end(self):
+        """Every future is done: finish (copies back) or find the error, then complete the
+        torch future if one was asked for."""
+        error = None
+        for f in self._futs:
+            e = f.exception()
+            if e is not None:
+                error = e
+                break
+        if error is None and self._finish is not None:
+            try:
+                self._finish()
+            except Exception as e:  # pragma: no cover (a copy back that failed)
+                error = e
+        if error is not None:
+            error = self._group._runtime_error(self._call, error)
+        with self._lock:
+            self._error = error
+            self._ended = True
+            tf = self._torch_fut
+        if tf is not None:
+            self._complete(tf)
+        self._group._done(self)
+
+    def _complete(self, tf):
+        tf.set_result((self._error, self._outputs))
+
+    # dist.Work
+
+    def wait(self, timeout=None):
+        secs = self._group._wait_seconds(timeout)
+        start = _time.monotonic()
+        try:
+            for f in self._futs:
+                left = None if secs is None else max(0.0, secs - (_time.monotonic() - start))
+                f.exception(left)  # waits; the error, if any, is read below
+        except _builtins.TimeoutError:  # the wait's own (a failure is returned, not raised)
+            self._group._timed_out(self._call, secs)
+        deadline = None if secs is None else start + secs
+        while not self._ended:  # the last callback is running on the progress thread
+            if deadline is not None and _time.monotonic() > deadline:
+                self._group._timed_out(self._call, secs)
+            _time.sleep(0)
+        self._group._waited(self)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self):
+        raw = torch.futures.Future()
+        with self._lock:
+            self._torch_fut = raw
+            ended = self._ended
+        if ended:
+            self._complete(raw)
+        self._group._waited(self)  # C++ holds the future, not this object
+        return raw.then(_unwrap)
+
+    def is_completed(self):
+        return self._ended
+
+    def is_success(self):
+        return self._ended and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        return list(self._outputs)
+
+    def source_rank(self):
+        return self._source
+
+    def _source_rank(self):
+        return self._source
+
+    def synchronize(self):
+        pass
+
+
+def _unwrap(fut):
+    error, outputs = fut.value()
+    if error is not None:
+        raise error
+    return outputs
+
+
+class ProcessGroupTfab(dist.ProcessGroup):
+    """A torch.distributed process group on a tfab world (doc/torch.md). Made by
+    ``init_process_group("tfab")`` or ``new_group(backend="tfab")``; not by hand."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._timeout = timeout.total_seconds() if timeout is not None else None
+        self._stats = _Stats()
+        self._works = set()  # not yet waited, or their future not yet taken
+        self._done_works = _deque()  # completed, never waited: kept a while (_KEEP_DONE)
+        self._works_lock = _threading.Lock()
+        self._p2p = {}  # (peer rank, tag, "s"/"r") -> next step
+        self._ctx = _tfab.Context(progress_thread=True)
+        try:
+            allgather = _StoreAllgather(store, rank, size)
+            self._world = _tfab.World(self._ctx, rank=rank, size=size, host=_local_host(),
+                                      timeout=self._timeout, allgather=allgather)
+        except BaseException:
+            self._ctx.close()
+            raise
+        self._closed = False
+        _live.add(self)
+        self._finalizer = _weakref.finalize(self, _close, self._world, self._ctx)
+
+    # Life and bookkeeping
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _get_backend_name(self):
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+    def _keep(self, work):
+        with self._works_lock:
+            self._works.add(work)
+
+    def _waited(self, work):
+        with self._works_lock:
+            self._works.discard(work)
+
+    def _done(self, work):
+        with self._works_lock:
+            if work in self._works:
+                self._done_works.append(work)
+                while len(self._done_works) > _KEEP_DONE:
+                    self._works.discard(self._done_works.popleft())
+
+    def _wait_seconds(self, timeout):
+        if isinstance(timeout, _datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if timeout is None or timeout <= 0 or timeout >= 1e9:
+            return self._timeout
+        return float(timeout)
+
+    def _timed_out(self, call, secs):
+        """A wait past the group's timeout: the context is aborted (tfab cannot cancel one
+        collective), so every later call fails too, as gloo's group after a timeout."""
+        self._ctx.abort(-110)  # ETIMEDOUT
+        raise RuntimeError("tfab: %s timed out after %.1f s (the process group's timeout); "
+                           "the group is aborted" % (call, secs))
+
+    def _dead_rank(self):
+        """The rank whose peer failed first on this rank, or None: a failure passed on by a
+        neighbour may come before our own verdict, so allow one liveness period for it."""
+        end = _time.monotonic() + 0.2
+        while True:
+            for r in range(self.size()):
+                if r == self.rank():
+                    continue
+                try:
+                    st = self._world.peer(r).status
+                except Exception:  # the world was left
+                    return None
+                if st:
+                    return r, st
+            if _time.monotonic() > end:
+                return None
+            _time.sleep(0.01)
+
+    def _runtime_error(self, call, error):
+        dead = self._dead_rank() if isinstance(error, _tfab.Error) else None
+        if dead is not None:
+            r, st = dead
+            msg = "tfab: %s failed: rank %d (%s) failed (%s): %s" % (
+                call, r, self._world.name(r), _errors.status_name(st), error)
+        else:
+            msg = "tfab: %s failed: %s" % (call, error)
+        exc = RuntimeError(msg)
+        exc.__cause__ = error
+        return exc
+
+    def _check(self, call):
+        if self._closed or not self._world.joined:
+            raise RuntimeError("tfab: %s: the process group was destroyed" % call)
+
+    def _start(self, call, post):
+        """post() -> (futures, outputs, finish): a Work, or the call's refusal as the
+        RuntimeError torch users expect."""
+        self._check(call)
+        try:
+            futs, outputs, finish = post()
+        except RuntimeError:
+            raise
+        except (_tfab.Error, ValueError, TypeError) as e:
+            msg = str(e)
+            msg = msg[6:] if msg.startswith("tfab: ") else msg
+            raise RuntimeError("tfab: %s: %s" % (call, msg)) from e
+        return _Work(self, call, futs, outputs, finish)
+
+    # Collectives
+
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = opts if isinstance(opts, dist.ReduceOp) else getattr(opts, "reduceOp",
+                                                                dist.ReduceOp.SUM)
+        return self._allreduce("allreduce", tensors, op)
+
+    def _allreduce(self, call, tensors, op, compress=None, key=None):
+        t = _one(tensors, call)
+        opn = _op_name(op, call)
+
+        def post():
+            c = _contiguous(t, self._stats)
+            fut = self._world.allreduce(c, op=opn, compress=compress, key=key)
+            return [fut], [t], (lambda: _copy_back(t, c, self._stats))
+        return self._start(call, post)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        opn = _op_name(op, "allreduce_coalesced")
+
+        def post():
+            cs = [_contiguous(t, self._stats) for t in tensors]
+            futs = [self._world.allreduce(c, op=opn) for c in cs]
+
+            def finish():
+                for t, c in zip(tensors, cs):
+                    _copy_back(t, c, self._stats)
+            return futs, list(tensors), finish
+        return self._start("allreduce_coalesced", post)
+
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast")
+        root = getattr(opts, "rootRank", 0)
+
+        def post():
+            c = _contiguous(t, self._stats)
+            fut = self._world.broadcast(c, root)
+            return [fut], [t], (lambda: _copy_back(t, c, self._stats))
+        return self._start("broadcast", post)
+
+    def _allgather_base(self, output, input, opts=None):
+        def post():
+            c = _contiguous(input, self._stats)
+            o = _contiguous(output, self._stats)
+            fut = self._world.allgather(c, out=_flat(o))
+            return [fut], [output], (lambda: _copy_back(output, o, self._stats))
+        return self._start("_allgather_base", post)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        t = _one(inputs, "allgather")
+        outs = _one(output_lists, "allgather")
+        if len(outs) != self.size():
+            raise RuntimeError("tfab: allgather: %d output tensors for %d ranks"
+                               % (len(outs), self.size()))
+
+        def post():
+            c = _contiguous(t, self._stats)
+            scratch = torch.empty((self.size(),) + tuple(c.shape), dtype=c.dtype)
+            fut = self._world.allgather(c, out=scratch)
+
+            def finish():
+                for o, s in zip(outs, scratch):
+                    _copy_back(o, s, self._stats)
+            return [fut], [outs], finish
+        return self._start("allgather", post)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        if len(output_lists) != len(inputs):
+            raise RuntimeError("tfab: allgather_coalesced: %d output lists for %d inputs"
+                               % (len(output_lists), len(inputs)))
+        works = [self.allgather([o], [i]) for o, i in zip(output_lists, inputs)]
+        futs = [f for w in works for f in w._futs]
+        for w in works:
+            self._waited(w)
+
+        def post():
+            def finish():
+                for w in works:
+                    while not w._ended:
+                        _time.sleep(0)
+            return futs, output_lists, finish
+        return self._start("allgather_coalesced", post)
+
+    def reduce(self, tensors, opts=None):
+        t = _one(tensors, "reduce")
+        root = getattr(opts, "rootRank", 0)
+        opn = _op_name(getattr(opts, "reduceOp", dist.ReduceOp.SUM), "reduce")
+
+        def post():
+            c = _contiguous(t, self._stats)
+            fut = self._world.reduce(c, op=opn, root=root)
+            finish = (lambda: _copy_back(t, c, self._stats)) if self.rank() == root else None
+            return [fut], [t], finish
+        return self._start("reduce", post)
+
+    def gather(self, output_lists, inputs, opts=None):
+        t = _one(inputs, "gather")
+        root = getattr(opts, "rootRank", 0)
+        outs = output_lists[0] if output_lists else []
+        if self.rank() == root and len(outs) != self.size():
+            raise RuntimeError("tfab: gather: %d output tensors for %d ranks"
+                               % (len(outs), self.size()))
+
+        def post():
+            c = _contiguous(t, self._stats)
+            scratch = None
+            if self.rank() == root:
+                scratch = torch.empty((self.size(),) + tuple(c.shape), dtype=c.dtype)
+            fut = self._world.gather(c, out=scratch, root=root)
+
+            def finish():
+                if scratch is not None:
+                    for o, s in zip(outs, scratch):
+                        _copy_back(o, s, self._stats)
+            return [fut], output_lists, finish
+        return self._start("gather", post)
+
+    def scatter(self, outputs, input_lists, opts=None):
+        t = _one(outputs, "scatter")
+        root = getattr(opts, "rootRank", 0)
+        ins = input_lists[0] if input_lists else []
+        if self.rank() == root and len(ins) != self.size():
+            raise RuntimeError("tfab: scatter: %d input tensors for %d ranks"
+                               % (len(ins), self.size()))
+
+        def post():
+            packed = None
+            if self.rank() == root:
+                packed = torch.stack([i.reshape(t.shape) for i in ins])
+                self._stats.copies += 1
+                self._stats.bytes_copied += packed.numel() * packed.element_size()
+            c = _contiguous(t, self._stats)
+            fut = self._world.scatter(packed, out=c, root=root)
+            return [fut], [t], (lambda: _copy_back(t, c, self._stats))
+        return self._start("scatter", post)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opn = _op_name(getattr(opts, "reduceOp", dist.ReduceOp.SUM), "_reduce_scatter_base")
+
+        def post():
+            c = _contiguous(input, self._stats)
+            o = _contiguous(output, self._stats)
+            fut = self._world.reduce_scatter(_flat(c), out=_flat(o), op=opn)
+            return [fut], [output], (lambda: _copy_back(output, o, self._stats))
+        return self._start("_reduce_scatter_base", post)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        t = _one(outputs, "reduce_scatter")
+        ins = _one(input_lists, "reduce_scatter")
+        opn = _op_name(getattr(opts, "reduceOp", dist.ReduceOp.SUM), "reduce_scatter")
+        if len(ins) != self.size():
+            raise RuntimeError("tfab: reduce_scatter: %d input tensors for %d ranks"
+                               % (len(ins), self.size()))
+
+        def post():
+            packed = torch.cat([_flat(i) for i in ins])
+            self._stats.copies += 1
+            self._stats.bytes_copied += packed.numel() * packed.element_size()
+            c = _contiguous(t, self._stats)
+            fut = self._world.reduce_scatter(packed, out=_flat(c), op=opn)
+            return [fut], [t], (lambda: _copy_back(t, c, self._stats))
+        return self._start("reduce_scatter", post)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self.size()
+
+        def counts(t, splits, what):
+            if not splits:
+                if t.shape[0] % n if t.dim() else True:
+                    raise ValueError("%s's first dimension (%r) is not divisible by the "
+                                     "group's size %d" % (what, tuple(t.shape), n))
+                return [t.numel() // n] * n
+            if len(splits) != n:
+                raise ValueError("%d %s split sizes for %d ranks" % (len(splits), what, n))
+            row = t.numel() // t.shape[0] if t.shape[0] else 0
+            return [int(s) * row for s in splits]
+
+        def post():
+            sc = counts(input, input_split_sizes, "input")
+            rc = counts(output, output_split_sizes, "output")
+            c = _contiguous(input, self._stats)
+            o = _contiguous(output, self._stats)
+            fut = self._world.alltoall(_flat(c), _flat(o), send_counts=sc, recv_counts=rc)
+            return [fut], [output], (lambda: _copy_back(output, o, self._stats))
+        return self._start("alltoall_base", post)
+
+    def alltoall(self, output_list, input_list, opts=None):
+        n = self.size()
+        if len(output_list) != n or len(input_list) != n:
+            raise RuntimeError("tfab: alltoall: %d outputs and %d inputs for %d ranks"
+                               % (len(output_list), len(input_list), n))
+
+        def post():
+            packed = torch.cat([_flat(i) for i in input_list])
+            out = torch.empty(sum(o.numel() for o in output_list), dtype=packed.dtype)
+            self._stats.copies += 2
+            self._stats.bytes_copied += (packed.numel() + out.numel()) * packed.element_size()
+            fut = self._world.alltoall(packed, out, send_counts=[i.numel() for i in input_list],
+                                       recv_counts=[o.numel() for o in output_list])
+
+            def finish():
+                at = 0
+                for o in output_list:
+                    o.copy_(out[at:at + o.numel()].view(o.shape))
+                    at += o.numel()
+            return [fut], output_list, finish
+        return self._start("alltoall", post)
+
+    def barrier(self, opts=None):
+        return self._start("barrier", lambda: ([self._world.barrier()], [], None))
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        self.barrier(opts).wait()
+
+    # Point to point: a tag is a key, the step counts the messages on (peer, tag, direction)
+
+    def _step(self, peer, tag, way):
+        k = (peer, tag, way)
+        step = self._p2p.get(k, 0)
+        self._p2p[k] = step + 1
+        return step
+
+    def _peer(self, rank, call):
+        if not 0 <= rank < self.size() or rank == self.rank():
+            raise RuntimeError("tfab: %s: no peer rank %d (this is rank %d of %d)"
+                               % (call, rank, self.rank(), self.size()))
+        return self._world.peer(rank)
+
+    def send(self, tensors, dst, tag=0):
+        t = _one(tensors, "send")
+        peer = self._peer(dst, "send")
+
+        def post():
+            c = _contiguous(t, self._stats)
+            step = self._step(dst, tag, "s")
+            fut = self._ctx.send(_P2P_KEY % tag, step, _tfab._torch_bool(c), peer=peer)
+            return [fut], [t], None
+        return self._start("send to rank %d" % dst, post)
+
+    def recv(self, tensors, src, tag=0):
+        t = _one(tensors, "recv")
+        peer = self._peer(src, "recv")
+
+        def post():
+            c = _contiguous(t, self._stats)
+            step = self._step(src, tag, "r")
+            fut = self._ctx.recv_async(peer, _P2P_KEY % tag, step, out=_tfab._torch_bool(c))
+            return [fut], [t], (lambda: _copy_back(t, c, self._stats))
+        work = self._start("recv from rank %d" % src, post)
+        work._source = src
+        return work
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("tfab: recv from any source is not supported: name the source rank")
+
+    def _start_coalescing(self):
+        pass  # each operation already starts at once
+
+    def _end_coalescing(self, works):
+        pass
+
+    # tfab's own
+
+    def _destroy(self):
+        if not self._closed:
+            self._closed = True
+            _live.discard(self)
+            with self._works_lock:
+                self._works.clear()  # they refer to the group: no cycle left behind
+                self._done_works.clear()
+            self._finalizer()
+
+    def shutdown(self):
+        """The group's end (torch 2's destroy_process_group calls it): what is in flight
+        fails, the world is left, the context closed."""
+        self._destroy()
+
+    _shutdown = shutdown
+
+
+def _close(world, ctx):
+    """The group's end: abort what is in flight (nothing waits on it any more), leave the
+    world, close the context. Nothing is left: no thread, listener or segment."""
+    try:
+        if world.joined:
+            try:
+                world.leave(timeout=1.0)
+            except _tfab.Error:
+                ctx.abort()
+                world.leave(timeout=5.0)
+    except Exception:  # pragma: no cover (the context was closed under it)
+        pass
+    ctx.close()
+
+
+_live = _weakref.WeakSet()
+
+
+@_atexit.register
+def _close_all():
+    for g in list(_live):
+        g._destroy()
+
+
+def stats(group=None):
+    """What the group copied (non-contiguous tensors, list arguments packed): a dict with
+    copies and bytes_copied, and the context's own counters under "context"."""
+    g = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(g, ProcessGroupTfab):
+        raise TypeError("tfab.torch.stats: %r is not a tfab process group" % (g,))
+    return {"copies": g._stats.copies, "bytes_copied": g._stats.bytes_copied,
+            "context": g._ctx.stats()}
+
+
+_torch_destroy = dist.destroy_process_group
+
+
+def destroy_process_group(group=None):
+    """torch's destroy_process_group, then the end of every tfab group it let go: torch 1.13
+    only drops its references to a group, and a tfab group holds threads, a listener and
+    segments until it ends (doc/torch.md, "Faults, timeouts, the end")."""
+    _torch_destroy(group)
+    kept = set(dist.distributed_c10d._pg_map)
+    for g in list(_live):
+        if g not in kept:
+            g._destroy()
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupTfab(store, rank, size, timeout)
+
+
+def _register():
+    if BACKEND.upper() not in getattr(dist.Backend, "_plugins", {}):
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+_register()
+if getattr(dist.destroy_process_group, "__module__", "") != __name__:
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group
+
+from . import hooks  # noqa: E402 (needs the group class above)

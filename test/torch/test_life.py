@@ -1,0 +1,158 @@
+"""The tfab backend's life: every init method torch has, torchrun, a rank killed mid
+all_reduce, the group's timeout, and nothing left behind by destroy_process_group."""
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ranks
+import testprocs
+
+
+def sum_rank(rank, size):
+    t = torch.full((1000,), float(rank))
+    dist.all_reduce(t)
+    assert torch.all(t == sum(range(size))), t
+    assert dist.get_backend() == "tfab"
+    return rank
+
+
+@pytest.mark.parametrize("init", ["env", "tcp", "file", "store"])
+def test_init_methods(init, tmp_path):
+    assert ranks.run(2, sum_rank, init=init, tmp=tmp_path) == [0, 1]
+
+
+def test_four_ranks_spawned():
+    assert ranks.run(4, sum_rank) == [0, 1, 2, 3]
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    import tfab.torch
+    dist.init_process_group("tfab")
+    t = torch.ones(4) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    print("rank %d of %d: %s" % (dist.get_rank(), dist.get_world_size(), t.tolist()))
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    port = testprocs.free_port()
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                          "--nproc_per_node", "3", "--rdzv_backend", "c10d",
+                          "--rdzv_endpoint", "127.0.0.1:%d" % port,
+                          # Debian's torch 1.13 on Python 3.11 cannot parse the default
+                          # "0" of these two (no IntFlag member 0 when iterated)
+                          "--redirects", "2", "--tee", "2", "--log_dir", str(tmp_path),
+                          str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail("torchrun still running after 180 s:\n" + out)
+    assert p.returncode == 0, out
+    for r in range(3):
+        assert "rank %d of 3: [6.0, 6.0, 6.0, 6.0]" % r in out, out
+
+
+def killed_rank(rank, size):
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    if rank == size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    try:
+        work.wait()
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_killed_rank_named_on_every_other():
+    # the group's timeout (60 s) is far beyond: the error must be the dead rank's, not it
+    got = ranks.run(3, killed_rank, expect_fail=(2,), timeout_s=60)
+    for r in range(2):
+        assert "rank 2" in got[r] and "failed" in got[r], got[r]
+        assert "timed out" not in got[r], got[r]
+
+
+def late_rank(rank, size):
+    if rank == 1:
+        time.sleep(6)  # far past rank 0's timeout, then leaves without the collective
+        return "slept"
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    try:
+        work.wait()
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_collective_past_the_group_timeout():
+    got = ranks.run(2, late_rank, timeout_s=3)
+    assert "timed out after 3.0 s" in got[0], got[0]
+
+
+def test_init_timeout_when_a_rank_never_comes():
+    code = textwrap.dedent("""
+        import datetime, sys, time, torch.distributed as dist, tfab.torch
+        store = dist.TCPStore("127.0.0.1", %d, 2, True, datetime.timedelta(seconds=2),
+                              wait_for_workers=False)
+        t0 = time.monotonic()
+        try:
+            dist.init_process_group("tfab", store=store, rank=0, world_size=2,
+                                    timeout=datetime.timedelta(seconds=2))
+        except Exception as e:
+            print("refused after %%.1f s: %%s" %% (time.monotonic() - t0, e))
+            sys.exit(0)
+        sys.exit("joined a world of 2 alone")
+    """) % testprocs.free_port()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "refused after" in p.stdout
+
+
+def nothing_left_rank(rank, size):
+    import gc
+    import tfab.torch
+    g = dist.distributed_c10d._get_default_group()
+    dist.all_reduce(torch.ones(1 << 20))
+    inflight = dist.all_reduce(torch.ones(8), async_op=True)  # noqa: F841 (never waited)
+    ctx = g._ctx
+    dist.destroy_process_group()
+    gc.collect()
+    assert ctx.closed, "the group's context is still open after destroy_process_group"
+    assert g._closed and g not in tfab.torch._live
+    del g
+    tasks = [open("/proc/self/task/%s/comm" % t).read().strip()
+             for t in os.listdir("/proc/self/task")]
+    assert not [t for t in tasks if t.startswith("tfab")], tasks
+    fds = []
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink("/proc/self/fd/" + f))
+        except OSError:  # listdir's own
+            pass
+    assert not [f for f in fds if "memfd:tfab" in f], fds
+    # make it again on the same store's successors: a second group works
+    return True
+
+
+def test_destroy_leaves_nothing():
+    # each rank re-joins the default group in nothing_left_rank's caller: destroy there
+    assert ranks.run(2, nothing_left_rank, destroy=False) == [True, True]
