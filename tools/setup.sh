@@ -34,6 +34,8 @@ library_packages=(
 	libpmix-dev
 	# lib/python: the Python package (Debian's python3), and NumPy arrays to send
 	python3-dev python3-numpy
+	# `pip install .` of the package into a venv (pyproject.toml, doc/building.md)
+	python3-mesonpy python3-venv
 )
 
 # What only the tests and benchmarks need (meson option tests, on by default).
