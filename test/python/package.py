@@ -108,7 +108,9 @@ def main():
              "--no-cache-dir", ".[torch]"], os.path.join(tmp, "pip.log"), PIP_WAIT_S,
             env=env, cwd=copy)
         # Every module of the source's package is in the installed one (meson's py_sources).
-        modules = sorted(f for f in os.listdir(os.path.join(src, "lib", "python", "tfab"))
+        top = os.path.join(src, "lib", "python", "tfab")
+        modules = sorted(os.path.relpath(os.path.join(d, f), top)
+                         for d, _, files in os.walk(top) for f in files
                          if f.endswith((".py", ".pyi")))
         port = free_port()
         procs = []

@@ -56,6 +56,17 @@ with tfab.World(timeout=60) as w:
     check((w.rank, w.size) == (rank, 2), "rank %d of %d" % (w.rank, w.size))
     check(bool((a == 3).all()), "allreduce gave %s" % a[:4])
 
+# The torch.distributed backend, where torch is (Debian's, through --system-site-packages).
+try:
+    import torch.distributed
+except ImportError:
+    torch = None
+if torch is not None:
+    import tfab.torch
+    check(os.path.dirname(os.path.realpath(tfab.torch.__file__)) == os.path.join(pkg, "torch"),
+          "tfab.torch is %s" % tfab.torch.__file__)
+    check("TFAB" in torch.distributed.Backend._plugins, "tfab.torch registered no backend")
+
 if problems:
     print("rank %d:\n  %s" % (rank, "\n  ".join(problems)))
     sys.exit(1)
