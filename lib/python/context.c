@@ -16,6 +16,7 @@
 
 /* Set while this thread runs one of our callbacks: a context cannot be destroyed from there. */
 _Thread_local int tfabpy_in_callback;
+atomic_ulong tfabpy_completions;
 
 bool tfabpy_context_usable(struct tfabpy_context *c)
 {
@@ -372,7 +373,13 @@ int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double time
 			/* yielding polls may take long on busy cores: the signals wait no slice */
 			uint64_t until = tfabpy_now_ns() + (uint64_t)TFABPY_SLICE_MS * 500000;
 
+			unsigned long seen =
+			    atomic_load_explicit(&tfabpy_completions, memory_order_acquire);
+
 			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++) {
+				if (atomic_load_explicit(&tfabpy_completions, memory_order_acquire) !=
+				    seen)
+					break;
 				rc = tfab_progress(c->ctx);
 				if (rc == 0 && yield_idle)
 					sched_yield();
@@ -529,6 +536,7 @@ static void on_sent(void *arg, int status)
 		op_call(op, Py_BuildValue("(i)", status));
 	op_free(op);
 	tfabpy_in_callback--;
+	atomic_fetch_add_explicit(&tfabpy_completions, 1, memory_order_release);
 	PyGILState_Release(g);
 }
 
@@ -855,6 +863,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	}
 	op_free(op);
 	tfabpy_in_callback--;
+	atomic_fetch_add_explicit(&tfabpy_completions, 1, memory_order_release);
 	PyGILState_Release(g);
 }
 
@@ -994,6 +1003,7 @@ static void on_recv_strings(void *arg, int status, struct tfab_string_tensor *t,
 	op_call(op, Py_BuildValue("(iNO)", status, res, is_dead ? Py_True : Py_False));
 	op_free(op);
 	tfabpy_in_callback--;
+	atomic_fetch_add_explicit(&tfabpy_completions, 1, memory_order_release);
 	PyGILState_Release(g);
 }
 

@@ -8,6 +8,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include <tfab/tfab.h>
@@ -114,6 +115,12 @@ extern PyTypeObject tfabpy_future_type; /* FutureBase: tfab.Future's C half (fut
 
 /* Nonzero while this thread runs one of the binding's callbacks. */
 extern _Thread_local int tfabpy_in_callback;
+/*
+ * Completions the callbacks made, from any thread: a wait that drives progress with the GIL
+ * released looks at its future again once this moves (a collective may end inside a progress
+ * call that reports no work done: the shm collectives' segments).
+ */
+extern atomic_ulong tfabpy_completions;
 
 /* Raise tfab's exception for status (negative), with what the call was. NULL always. */
 PyObject *tfabpy_raise(int status, const char *what);

@@ -442,6 +442,7 @@ static void on_coll(void *arg, int status)
 	Py_XDECREF(res);
 	coll_free(co);
 	tfabpy_in_callback--;
+	atomic_fetch_add_explicit(&tfabpy_completions, 1, memory_order_release);
 	PyGILState_Release(g);
 }
 
