@@ -36,6 +36,10 @@ BACKEND = "tfab"
 # (DDP's reducer) may wait on a Work after it completed, and reaches the Python override only
 # while the Python object lives. Beyond it the oldest are dropped.
 _KEEP_DONE = 4096
+# A work in flight that no Python thread waits on gets the driver thread after this long.
+_IDLE_S = 0.002
+# How often the driver looks for such works while none is in flight.
+_LOOK_S = 0.01
 
 _OPS = {
     dist.ReduceOp.SUM: "sum",
@@ -46,6 +50,13 @@ _OPS = {
 }
 
 _P2P_KEY = "tfab.torch/p/%d"
+
+# What a peer's status says of its rank.
+_WHY = {
+    "TFAB_ERR_PEER_FAILED": "died, left or was cut off (TFAB_ERR_PEER_FAILED)",
+    "TFAB_ERR_TIMEOUT": "was silent past TFAB_OP_TIMEOUT_MS: stopped, or unreachable "
+                        "(TFAB_ERR_TIMEOUT)",
+}
 
 
 def _op_name(op, call):
@@ -142,6 +153,8 @@ class _Work(dist.Work):
         self._ended = False
         self._error = None
         self._torch_fut = None
+        self._bg = False  # its future was taken: the driver drives it
+        self._t0 = _time.monotonic()
         group._keep(self)
         if futs:
             self._pending = len(futs)
@@ -185,11 +198,32 @@ class _Work(dist.Work):
     def _complete(self, tf):
         tf.set_result((self._error, self._outputs))
 
+    def _drive(self, secs, start):
+        """Drive progress here until the work ended (or secs passed), yielding the core
+        between polls: the driver thread could, but its wake-up would add to every call."""
+        progress, n = self._group._ctx._c.progress, 0
+        deadline = None if secs is None else start + secs
+        while not self._ended:
+            progress()
+            _os.sched_yield()
+            n += 1
+            if deadline is not None and n % 256 == 0 and _time.monotonic() > deadline:
+                break
+
     # dist.Work
 
     def wait(self, timeout=None):
         secs = self._group._wait_seconds(timeout)
         start = _time.monotonic()
+        if not self._ended:
+            g = self._group
+            with g._driver_cond:
+                g._waiting += 1
+            try:
+                self._drive(secs, start)
+            finally:
+                with g._driver_cond:
+                    g._waiting -= 1
         try:
             for f in self._futs:
                 left = None if secs is None else max(0.0, secs - (_time.monotonic() - start))
@@ -197,7 +231,7 @@ class _Work(dist.Work):
         except _builtins.TimeoutError:  # the wait's own (a failure is returned, not raised)
             self._group._timed_out(self._call, secs)
         deadline = None if secs is None else start + secs
-        while not self._ended:  # the last callback is running on the progress thread
+        while not self._ended:  # its last callback is running on another thread
             if deadline is not None and _time.monotonic() > deadline:
                 self._group._timed_out(self._call, secs)
             _time.sleep(0)
@@ -213,6 +247,8 @@ class _Work(dist.Work):
             ended = self._ended
         if ended:
             self._complete(raw)
+        else:
+            self._group._background(self)
         self._group._waited(self)  # C++ holds the future, not this object
         return raw.then(_unwrap)
 
@@ -238,6 +274,44 @@ class _Work(dist.Work):
         pass
 
 
+def _drive(ref):
+    """The group's driver thread: it drives the context's progress (waiting on a work's
+    tfab futures, which drives it with the GIL released, the context having no progress
+    thread) for the works no Python thread is waiting on: at once for one whose future was
+    taken (DDP's reducer waits on it in C++), and for the oldest in flight once it has waited
+    _IDLE_S with no Python waiter (an isend never waited, a work its caller keeps for later).
+    While a Python thread waits, that thread drives, and the driver sleeps: two threads
+    polling would share the cores with the ranks. It ends with the group."""
+    while True:
+        g = ref()
+        if g is None or g._closed:
+            return
+        cond, work = g._driver_cond, None
+        with cond:
+            inflight = g._inflight
+            while inflight and inflight[0]._ended:
+                inflight.popleft()
+            for w in inflight:
+                if w._bg and not w._ended:
+                    work = w
+                    break
+            if work is None and inflight and not g._waiting and (
+                    _time.monotonic() - inflight[0]._t0 > _IDLE_S):
+                work = inflight[0]
+            if work is None:
+                del g
+                # Not woken for each new work (a wake costs every call the GIL's hand-over):
+                # it looks again after a while, as long as the group lives.
+                cond.wait(_IDLE_S if inflight else _LOOK_S)
+                continue
+        del g
+        for f in work._futs:
+            f.exception()  # drives progress until it is done; fails at the latest on abort
+        while not work._ended:
+            _os.sched_yield()  # its last callback runs on another thread
+        del work
+
+
 def _unwrap(fut):
     error, outputs = fut.value()
     if error is not None:
@@ -257,7 +331,13 @@ class ProcessGroupTfab(dist.ProcessGroup):
         self._done_works = _deque()  # completed, never waited: kept a while (_KEEP_DONE)
         self._works_lock = _threading.Lock()
         self._p2p = {}  # (peer rank, tag, "s"/"r") -> next step
-        self._ctx = _tfab.Context(progress_thread=True)
+        # No progress thread: a wait drives progress itself, and the group's driver (below)
+        # while anything is in flight; an idle thread's pauses would add to every round.
+        self._ctx = _tfab.Context(progress_thread=False)
+        self._inflight = _deque()  # works not yet ended, oldest first: what the driver waits
+        self._driver_cond = _threading.Condition()
+        self._driver = None
+        self._waiting = 0  # Python threads in a Work's wait (they drive progress)
         try:
             allgather = _StoreAllgather(store, rank, size)
             self._world = _tfab.World(self._ctx, rank=rank, size=size, host=_local_host(),
@@ -283,6 +363,18 @@ class ProcessGroupTfab(dist.ProcessGroup):
     def _keep(self, work):
         with self._works_lock:
             self._works.add(work)
+        with self._driver_cond:
+            self._inflight.append(work)
+            if self._driver is None:
+                self._driver = _threading.Thread(target=_drive, args=(_weakref.ref(self),),
+                                                 name="tfab-torch-driver", daemon=True)
+                self._driver.start()
+
+    def _background(self, work):
+        """work's future was taken: the driver drives it from now on."""
+        with self._driver_cond:
+            work._bg = True
+            self._driver_cond.notify()
 
     def _waited(self, work):
         with self._works_lock:
@@ -331,8 +423,10 @@ class ProcessGroupTfab(dist.ProcessGroup):
         dead = self._dead_rank() if isinstance(error, _tfab.Error) else None
         if dead is not None:
             r, st = dead
-            msg = "tfab: %s failed: rank %d (%s) failed (%s): %s" % (
-                call, r, self._world.name(r), _errors.status_name(st), error)
+            name = self._world.name(r)
+            who = "rank %d" % r if name == "rank %d" % r else "rank %d (%s)" % (r, name)
+            why = _WHY.get(_errors.status_name(st), _errors.status_name(st))
+            msg = "tfab: %s failed: %s %s; here: %s" % (call, who, why, error)
         else:
             msg = "tfab: %s failed: %s" % (call, error)
         exc = RuntimeError(msg)
@@ -630,7 +724,13 @@ class ProcessGroupTfab(dist.ProcessGroup):
             with self._works_lock:
                 self._works.clear()  # they refer to the group: no cycle left behind
                 self._done_works.clear()
-            self._finalizer()
+            self._finalizer()  # what is in flight fails: the driver's wait ends
+            with self._driver_cond:
+                self._inflight.clear()
+                self._driver_cond.notify_all()
+            d = self._driver
+            if d is not None and d is not _threading.current_thread():
+                d.join(10.0)
 
     def shutdown(self):
         """The group's end (torch 2's destroy_process_group calls it): what is in flight
