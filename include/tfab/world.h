@@ -95,12 +95,16 @@ TFAB_EXPORT int tfab_world_leave(struct tfab_world *w);
 /** A collective's callback: status 0 once it ended well on this rank, or why it failed. */
 typedef void (*tfab_coll_cb)(void *arg, int status);
 
-/** A reduction's operation. */
+/**
+ * A reduction's operation. Integer sums and products wrap (the low bits of the exact result,
+ * as torch's and gloo's); new operations come at the end, so that the values stay.
+ */
 enum tfab_op {
-	TFAB_OP_SUM, /**< the sum */
-	TFAB_OP_AVG, /**< the sum divided by the world's size (integers: toward zero) */
-	TFAB_OP_MIN, /**< the smallest */
-	TFAB_OP_MAX, /**< the largest */
+	TFAB_OP_SUM,  /**< the sum */
+	TFAB_OP_AVG,  /**< the sum divided by the world's size (integers: toward zero) */
+	TFAB_OP_MIN,  /**< the smallest */
+	TFAB_OP_MAX,  /**< the largest */
+	TFAB_OP_PROD, /**< the product */
 };
 
 /** Compression of an fp32 allreduce's traffic (doc/world.md, "Compression"). */
@@ -130,8 +134,9 @@ struct tfab_coll_opts {
 };
 
 /**
- * out = in[rank 0] op in[rank 1] op ...: same dtype (fp32, fp64, fp16, bf16, int32, int64)
- * and element count on every rank; in == out reduces in place. opts may be NULL.
+ * out = in[rank 0] op in[rank 1] op ...: same dtype (fp32, fp64, fp16, bf16, and integers of
+ * 8, 16, 32 and 64 bits, signed or not) and element count on every rank; in == out reduces in
+ * place. opts may be NULL.
  */
 TFAB_EXPORT int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 			       enum tfab_op op, const struct tfab_coll_opts *opts, tfab_coll_cb cb,

@@ -1050,11 +1050,11 @@ static int reduce_args(const char *what, const DLTensor *in, const DLTensor *out
 	if (tfab__rtype_of(in->dtype, rt_p)) {
 		TFAB_ERROR(SUBSYS,
 			   "%s: %s tensors are not reduced (float16, bfloat16, float32, float64, "
-			   "int32 and int64 are)",
+			   "and int8 to int64 and uint8 to uint64 are)",
 			   what, tfab_dtype_name(in->dtype, a, sizeof(a)));
 		return -EINVAL;
 	}
-	if ((unsigned)op > TFAB_OP_MAX) {
+	if ((unsigned)op > TFAB_OP_PROD) {
 		TFAB_ERROR(SUBSYS, "%s: no operation %d", what, (int)op);
 		return -EINVAL;
 	}

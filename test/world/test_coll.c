@@ -38,7 +38,7 @@
 
 #define WAIT_MS 60000
 
-enum kind { K_F32, K_F64, K_F16, K_BF16, K_I32, K_I64 };
+enum kind { K_F32, K_F64, K_F16, K_BF16, K_INT };
 
 struct dtype {
 	const char *name;
@@ -50,11 +50,15 @@ struct dtype {
 static const struct dtype DTYPES[] = {
     {"float32", K_F32, {kDLFloat, 32, 1}, 4}, {"float64", K_F64, {kDLFloat, 64, 1}, 8},
     {"float16", K_F16, {kDLFloat, 16, 1}, 2}, {"bfloat16", K_BF16, {kDLBfloat, 16, 1}, 2},
-    {"int32", K_I32, {kDLInt, 32, 1}, 4},     {"int64", K_I64, {kDLInt, 64, 1}, 8},
+    {"int32", K_INT, {kDLInt, 32, 1}, 4},     {"int64", K_INT, {kDLInt, 64, 1}, 8},
+    {"int8", K_INT, {kDLInt, 8, 1}, 1},	      {"uint8", K_INT, {kDLUInt, 8, 1}, 1},
+    {"int16", K_INT, {kDLInt, 16, 1}, 2},     {"uint16", K_INT, {kDLUInt, 16, 1}, 2},
+    {"uint32", K_INT, {kDLUInt, 32, 1}, 4},   {"uint64", K_INT, {kDLUInt, 64, 1}, 8},
 };
 #define NDTYPES (sizeof(DTYPES) / sizeof(DTYPES[0]))
 
-static const char *const OP_NAMES[] = {"sum", "avg", "min", "max"};
+static const char *const OP_NAMES[] = {"sum", "avg", "min", "max", "prod"};
+#define NOPS 5
 
 static uint64_t now_ms(void)
 {
@@ -151,20 +155,43 @@ static void fill(const struct dtype *d, void *buf, int r, size_t start, size_t c
 		case K_BF16:
 			((uint16_t *)buf)[j] = bf16_of((float)value(r, i));
 			break;
-		case K_I32:
-			((int32_t *)buf)[j] = (int32_t)(ivalue(r, i) * 100003);
+		case K_INT: {
+			/* 32 and 64 bits: spread over their range; narrower ones wrap ivalue */
+			uint64_t v = (uint64_t)ivalue(r, i);
+
+			if (d->size == 4)
+				v *= 100003u;
+			else if (d->size == 8)
+				v = (v << 40) + (uint64_t)r;
+			memcpy((char *)buf + j * d->size, &v, d->size); /* the low bytes */
 			break;
-		case K_I64:
-			((int64_t *)buf)[j] = ivalue(r, i) * ((int64_t)1 << 40) + r;
-			break;
+		}
 		}
 	}
 }
 
-#define FOLD(acc, x, op)                                     \
-	((op) == TFAB_OP_MIN   ? ((x) < (acc) ? (x) : (acc)) \
-	 : (op) == TFAB_OP_MAX ? ((x) > (acc) ? (x) : (acc)) \
-			       : (acc) + (x))
+/* v truncated to d's width and extended as d's sign says: what d holds, in 64 bits. */
+static uint64_t int_wrap(const struct dtype *d, uint64_t v)
+{
+	unsigned bits = d->dl.bits;
+	uint64_t mask = bits == 64 ? ~(uint64_t)0 : ((uint64_t)1 << bits) - 1;
+
+	v &= mask;
+	if (d->dl.code == kDLInt && (v >> (bits - 1)) & 1)
+		v |= ~mask;
+	return v;
+}
+
+static bool int_less(const struct dtype *d, uint64_t a, uint64_t b)
+{
+	return d->dl.code == kDLInt ? (int64_t)a < (int64_t)b : a < b;
+}
+
+#define FOLD(acc, x, op)                                      \
+	((op) == TFAB_OP_MIN	? ((x) < (acc) ? (x) : (acc)) \
+	 : (op) == TFAB_OP_MAX	? ((x) > (acc) ? (x) : (acc)) \
+	 : (op) == TFAB_OP_PROD ? (acc) * (x)                 \
+				: (acc) + (x))
 
 /*
  * Element i of the reduction of every rank's tensor (element i of each, as fill makes it),
@@ -223,36 +250,28 @@ static void reduce_one(const struct dtype *d, enum tfab_op op, int n, int first,
 		    op == TFAB_OP_AVG ? bf16_of(bf16_value(acc) / (float)n) : acc;
 		break;
 	}
-	case K_I32: {
-		int32_t acc = 0;
+	case K_INT: {
+		/* in 64 bits, truncated to the width after each step */
+		uint64_t acc = 0;
 
 		for (int k = 0; k < n; k++) {
-			int32_t v;
+			uint64_t v = 0;
 
-			fill(d, x, (first + k) % n, i, 1);
-			v = *(int32_t *)x;
-			if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
-				acc = (int32_t)((uint32_t)acc + (uint32_t)v);
+			fill(d, &v, (first + k) % n, i, 1);
+			v = int_wrap(d, v);
+			if (k == 0)
+				acc = v;
+			else if (op == TFAB_OP_MIN)
+				acc = int_less(d, v, acc) ? v : acc;
+			else if (op == TFAB_OP_MAX)
+				acc = int_less(d, acc, v) ? v : acc;
 			else
-				acc = k == 0 ? v : FOLD(acc, v, op);
+				acc = int_wrap(d, op == TFAB_OP_PROD ? acc * v : acc + v);
 		}
-		((int32_t *)out)[j] = op == TFAB_OP_AVG ? acc / n : acc;
-		break;
-	}
-	case K_I64: {
-		int64_t acc = 0;
-
-		for (int k = 0; k < n; k++) {
-			int64_t v;
-
-			fill(d, x, (first + k) % n, i, 1);
-			v = *(int64_t *)x;
-			if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
-				acc = (int64_t)((uint64_t)acc + (uint64_t)v);
-			else
-				acc = k == 0 ? v : FOLD(acc, v, op);
-		}
-		((int64_t *)out)[j] = op == TFAB_OP_AVG ? acc / n : acc;
+		if (op == TFAB_OP_AVG)
+			acc = int_wrap(d, d->dl.code == kDLInt ? (uint64_t)((int64_t)acc / n)
+							       : acc / (uint64_t)n);
+		memcpy((char *)out + j * d->size, &acc, d->size);
 		break;
 	}
 	}
@@ -343,12 +362,12 @@ struct case_ar {
 static int allreduce_dtype(struct tfab_world *w, const struct dtype *d)
 {
 	static const size_t counts[] = {1, 5, 1031, 70001};
-	enum { NC = 4 * 2 * (sizeof(counts) / sizeof(counts[0])) };
+	enum { NC = NOPS * 2 * (sizeof(counts) / sizeof(counts[0])) };
 	struct case_ar cs[NC];
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, ncase = 0;
 	atomic_int order = 0;
 
-	for (int op = 0; op < 4; op++) {
+	for (int op = 0; op < NOPS; op++) {
 		for (int a = 1; a <= 2; a++) {
 			for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
 				struct case_ar *c = &cs[ncase++];
@@ -554,7 +573,7 @@ static uint8_t byte_of(int r, size_t i)
 static int broadcast(struct tfab_world *w)
 {
 	static const size_t sizes[] = {1, 100, 300001};
-	const struct dtype u8 = {"uint8", K_I32, {kDLUInt, 8, 1}, 1};
+	const struct dtype u8 = {"uint8", K_INT, {kDLUInt, 8, 1}, 1};
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
 
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
@@ -633,12 +652,12 @@ static int allgather(struct tfab_world *w)
 static int reduce_scatter(struct tfab_world *w)
 {
 	static const size_t counts[] = {1, 777, 40000};
-	static const int dts[] = {0, 5, 2};
+	static const int dts[] = {0, 5, 2, 7};
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
 
 	for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
-		for (int di = 0; di < 3; di++) {
-			for (int op = 0; op < 4; op += 1 + di) {
+		for (int di = 0; di < 4; di++) {
+			for (int op = 0; op < NOPS; op += 1 + di % 3) {
 				const struct dtype *d = &DTYPES[dts[di]];
 				size_t m = counts[ci];
 				int64_t sin = (int64_t)m * n, sout = (int64_t)m;
@@ -795,8 +814,12 @@ static int refused(struct tfab_world *w)
 	uint8_t u[4] = {0};
 	int64_t four = 4, three = 3;
 	DLTensor ta = tensor_of(d, a, &four), tb = tensor_of(d, b, &three);
-	DLTensor tu = {
-	    .data = u, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &four};
+	/* bool (DLPack's kDLBool, 6): not reduced */
+	DLTensor tu = {.data = u,
+		       .device = {kDLCPU, 0},
+		       .ndim = 1,
+		       .dtype = {(uint8_t)6, 8, 1},
+		       .shape = &four};
 	atomic_int order = 0;
 	struct job j = {1, -1, &order};
 	struct {
@@ -805,10 +828,10 @@ static int refused(struct tfab_world *w)
 	} cases[] = {
 	    {"sizes that differ",
 	     tfab_allreduce(w, &ta, &tb, TFAB_OP_SUM, NULL, must_not_call, NULL)},
-	    {"uint8, which allreduce does not reduce",
+	    {"bool, which allreduce does not reduce",
 	     tfab_allreduce(w, &tu, &tu, TFAB_OP_SUM, NULL, must_not_call, NULL)},
-	    {"an unknown operation",
-	     tfab_allreduce(w, &ta, &ta, (enum tfab_op)9, NULL, must_not_call, NULL)},
+	    {"an unknown operation", tfab_allreduce(w, &ta, &ta, (enum tfab_op)(TFAB_OP_PROD + 1),
+						    NULL, must_not_call, NULL)},
 	    {"no callback", tfab_allreduce(w, &ta, &ta, TFAB_OP_SUM, NULL, NULL, NULL)},
 	    {"a root out of the world", tfab_broadcast(w, &ta, n, must_not_call, NULL)},
 	    {"an allgather whose out is not size times in",
@@ -828,8 +851,8 @@ static int refused(struct tfab_world *w)
 		DLTensor ti = tensor_of(&DTYPES[4], i32, &four);
 
 		rc = tfab_allreduce(w, &tu, &tu, TFAB_OP_SUM, NULL, must_not_call, NULL);
-		bad |= refusal_says(w, "allreduce of uint8", rc,
-				    "allreduce: uint8 tensors are not reduced");
+		bad |= refusal_says(w, "allreduce of bool", rc,
+				    "allreduce: bool tensors are not reduced");
 		rc = tfab_allreduce(w, &ta, &ti, TFAB_OP_SUM, NULL, must_not_call, NULL);
 		bad |= refusal_says(w, "allreduce of float32 into int32", rc,
 				    "allreduce: in is float32 and out int32");
@@ -1118,7 +1141,7 @@ static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 		}
 	}
 	{ /* broadcast of 300,001 bytes from the last rank */
-		const struct dtype u8 = {"uint8", K_I32, {kDLUInt, 8, 1}, 1};
+		const struct dtype u8 = {"uint8", K_INT, {kDLUInt, 8, 1}, 1};
 		size_t nb = 300001;
 		int64_t shape = (int64_t)nb;
 		uint8_t *h = malloc(nb), *db = dev_alloc(nb);
