@@ -697,6 +697,294 @@ static int reduce_scatter(struct tfab_world *w)
 	return bad;
 }
 
+/*
+ * Reduce to a root: every dtype of five and every operation, all in flight at once, roots
+ * and sizes varied, in place on the root or not; out NULL off the root, or one the library
+ * must leave alone. Folded in rank order: the direct allreduce's reference.
+ */
+static int reduce_root(struct tfab_world *w)
+{
+	static const size_t counts[] = {1, 1031, 70001};
+	static const int dts[] = {0, 2, 6, 7, 5}; /* float32, float16, int8, uint8, int64 */
+	enum { NC = 5 * NOPS };
+	struct {
+		const struct dtype *d;
+		int op, root;
+		size_t count;
+		bool in_place;
+		void *in, *out;
+		int64_t shape;
+		struct job job;
+	} cs[NC];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, nc = 0;
+	atomic_int order = 0;
+
+	for (int di = 0; di < 5; di++) {
+		for (int op = 0; op < NOPS; op++) {
+			const struct dtype *d = &DTYPES[dts[di]];
+			size_t m = counts[(size_t)(di + op) % 3];
+			int root = (di + op) % n;
+			bool in_place = op % 2 == 1, is_root = rank == root;
+			DLTensor tin, tout;
+
+			cs[nc].d = d;
+			cs[nc].op = op;
+			cs[nc].root = root;
+			cs[nc].count = m;
+			cs[nc].in_place = in_place;
+			cs[nc].shape = (int64_t)m;
+			cs[nc].job = (struct job){1, -1, &order};
+			cs[nc].in = malloc(m * d->size);
+			/* off the root: an out the library must not touch, or NULL */
+			cs[nc].out = in_place && is_root      ? cs[nc].in
+				     : is_root || op % 2 == 0 ? malloc(m * d->size)
+							      : NULL;
+			if (cs[nc].out && cs[nc].out != cs[nc].in)
+				memset(cs[nc].out, 0x5a, m * d->size);
+			fill(d, cs[nc].in, rank, 0, m);
+			tin = tensor_of(d, cs[nc].in, &cs[nc].shape);
+			tout = tensor_of(d, cs[nc].out, &cs[nc].shape);
+			if (tfab_reduce(w, &tin, cs[nc].out ? &tout : NULL, (enum tfab_op)op, root,
+					on_done, &cs[nc].job)) {
+				printf("rank %d: reduce %s %s not started\n", rank, d->name,
+				       OP_NAMES[op]);
+				return 1;
+			}
+			nc++;
+		}
+	}
+	bad |= wait_all(w, "reduce");
+	for (int i = 0; i < nc; i++) {
+		const struct dtype *d = cs[i].d;
+		size_t m = cs[i].count;
+		void *want = malloc(m * d->size);
+		char what[128];
+
+		snprintf(what, sizeof(what), "reduce %s %s of %zu to %d%s", d->name,
+			 OP_NAMES[cs[i].op], m, cs[i].root, cs[i].in_place ? " in place" : "");
+		if (rank == cs[i].root) {
+			for (size_t e = 0; e < m; e++)
+				reduce_one(d, (enum tfab_op)cs[i].op, n, 0, e, want, e);
+		} else if (cs[i].out) {
+			memset(want, 0x5a, m * d->size); /* untouched */
+		}
+		if (cs[i].job.status) {
+			printf("rank %d: %s: %s\n", rank, what, tfab_strerror(cs[i].job.status));
+			bad = 1;
+		} else if (cs[i].out) {
+			bad |= compare(rank, what, cs[i].out, want, m, d->size);
+		}
+		if (rank != cs[i].root || !cs[i].in_place) {
+			/* the input as it was */
+			fill(d, want, rank, 0, m);
+			bad |= compare(rank, what, cs[i].in, want, m, d->size);
+		}
+		if (cs[i].out != cs[i].in)
+			free(cs[i].out);
+		free(cs[i].in);
+		free(want);
+	}
+	if (rank == 0)
+		printf("reduce: %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
+/*
+ * Gather and scatter at three sizes (eager, a tensor, a large tensor), from the first and the
+ * last rank, the root's part in its place in the whole or apart; NULL where the tensor is the
+ * root's only. Rank k's part is fill's pattern of k (gather) or of 100 + k (scatter).
+ */
+static int gather_scatter(struct tfab_world *w)
+{
+	static const size_t counts[] = {3, 1000, 70001};
+	const struct dtype *d = &DTYPES[1]; /* float64: any dtype moves as bytes */
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+
+	for (size_t ci = 0; ci < 3; ci++) {
+		for (int root = 0; root<n; root += n - 1> 0 ? n - 1 : 1) {
+			for (int in_place = 0; in_place < 2; in_place++) {
+				size_t m = counts[ci], es = d->size;
+				int64_t sp = (int64_t)m, sw = (int64_t)m * n;
+				bool is_root = rank == root, apart = !(is_root && in_place);
+				uint8_t *whole = is_root ? malloc(m * (size_t)n * es) : NULL;
+				uint8_t *part =
+				    apart ? malloc(m * es) : whole + (size_t)root * m * es;
+				uint8_t *want = malloc(m * (size_t)n * es);
+				DLTensor tp = tensor_of(d, part, &sp),
+					 tw = tensor_of(d, whole, &sw);
+				atomic_int order = 0;
+				struct job j = {1, -1, &order};
+				char what[96];
+
+				/* gather */
+				fill(d, part, rank, 0, m);
+				snprintf(what, sizeof(what), "gather of %zu to %d%s", m, root,
+					 in_place ? " in place" : "");
+				if (tfab_gather(w, &tp, is_root ? &tw : NULL, root, on_done, &j) ||
+				    wait_all(w, what))
+					return 1;
+				for (int k = 0; k < n; k++)
+					fill(d, want + (size_t)k * m * es, k, 0, m);
+				if (j.status) {
+					printf("rank %d: %s: %s\n", rank, what,
+					       tfab_strerror(j.status));
+					bad = 1;
+				} else if (is_root) {
+					bad |= compare(rank, what, whole, want, m * (size_t)n, es);
+				}
+				/* scatter */
+				j = (struct job){1, -1, &order};
+				for (int k = 0; is_root && k < n; k++)
+					fill(d, whole + (size_t)k * m * es, 100 + k, 0, m);
+				if (apart)
+					memset(part, 0, m * es);
+				snprintf(what, sizeof(what), "scatter of %zu from %d%s", m, root,
+					 in_place ? " in place" : "");
+				if (tfab_scatter(w, is_root ? &tw : NULL, &tp, root, on_done, &j) ||
+				    wait_all(w, what))
+					return 1;
+				fill(d, want, 100 + rank, 0, m);
+				if (j.status) {
+					printf("rank %d: %s: %s\n", rank, what,
+					       tfab_strerror(j.status));
+					bad = 1;
+				} else {
+					bad |= compare(rank, what, part, want, m, es);
+				}
+				if (apart)
+					free(part);
+				free(whole);
+				free(want);
+			}
+		}
+	}
+	if (rank == 0)
+		printf("gather and scatter: %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
+/* Elements rank `from` sends rank `to` in alltoallv case v: some none, some large. */
+static size_t a2a_count(int from, int to, int v)
+{
+	static const size_t scale[] = {1, 300, 20000};
+
+	if (v == 3)
+		return 50; /* equal pieces, passed as NULL */
+	return (size_t)((from * 7 + to * 3 + v) % 5) * scale[v];
+}
+
+/*
+ * One alltoallv of case v with dtype d (counts given, or NULL for v = 3): rank from's piece for
+ * rank to is fill's pattern of from * 1000 + to. Its status, or INT_MIN (said); *bad_p set
+ * where out is not what it must be. With skew, rank 0 sends rank 1 one element more than rank 1
+ * expects (its in one larger): the pair must fail, and rank 1's out keep its bytes where rank
+ * 0's piece would go.
+ */
+static int a2a_one(struct tfab_world *w, const struct dtype *d, int v, bool skew, int *bad_p)
+{
+	int rank = tfab_world_rank(w), n = tfab_world_size(w);
+	size_t *sc = calloc((size_t)n, sizeof(size_t)), *rc = calloc((size_t)n, sizeof(size_t));
+	size_t tin = 0, tout = 0, off = 0, es = d->size;
+	uint8_t *in, *out, *want;
+	int64_t sin, sout;
+	atomic_int order = 0;
+	struct job j = {1, -1, &order};
+	DLTensor ti, to;
+	char what[96];
+
+	for (int k = 0; k < n; k++) {
+		sc[k] = a2a_count(rank, k, v);
+		rc[k] = a2a_count(k, rank, v);
+	}
+	if (skew && rank == 0)
+		sc[1]++;
+	for (int k = 0; k < n; k++) {
+		tin += sc[k];
+		tout += rc[k];
+	}
+	in = malloc(tin * es + 1);
+	out = malloc(tout * es + 1);
+	want = malloc(tout * es + 1);
+	memset(out, 0x77, tout * es);
+	for (int k = 0; k < n; k++) {
+		fill(d, in + off * es, rank * 1000 + k, 0, sc[k]);
+		off += sc[k];
+	}
+	off = 0;
+	for (int k = 0; k < n; k++) {
+		if (skew && rank == 1 && k == 0)
+			memset(want + off * es, 0x77, rc[k] * es);
+		else
+			fill(d, want + off * es, k * 1000 + rank, 0, rc[k]);
+		off += rc[k];
+	}
+	sin = (int64_t)tin;
+	sout = (int64_t)tout;
+	ti = tensor_of(d, in, &sin);
+	to = tensor_of(d, out, &sout);
+	snprintf(what, sizeof(what), "alltoallv %s case %d%s", d->name, v, skew ? " skewed" : "");
+	if (tfab_alltoallv(w, &ti, v == 3 ? NULL : sc, &to, v == 3 ? NULL : rc, on_done, &j) ||
+	    wait_all(w, what)) {
+		printf("rank %d: %s not started or not ended\n", rank, what);
+		j.status = INT_MIN;
+	} else if (j.status == 0) {
+		*bad_p |= compare(rank, what, out, want, tout, es);
+	} else if (skew && rank == 1) {
+		/* nothing from rank 0 (the others' pieces may have come or not) */
+		*bad_p |= compare(rank, what, out, want, rc[0], es);
+	}
+	free(sc);
+	free(rc);
+	free(in);
+	free(out);
+	free(want);
+	return j.status;
+}
+
+/*
+ * All to all: uneven pieces (some empty, some large enough to go as tensors in pieces' ways),
+ * equal ones (NULL counts), three dtypes; then counts that differ between ranks 0 and 1: both
+ * fail with -EINVAL, the others end well or with a failure passed on, and the next alltoallv
+ * is right everywhere.
+ */
+static int alltoallv(struct tfab_world *w)
+{
+	static const int dts[] = {4, 7, 2}; /* int32, uint8, float16 */
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, st;
+
+	for (int v = 0; v < 4; v++) {
+		for (int di = 0; di < 3; di++) {
+			st = a2a_one(w, &DTYPES[dts[di]], v, false, &bad);
+			if (st) {
+				printf("rank %d: alltoallv case %d %s: %s\n", rank, v,
+				       DTYPES[dts[di]].name,
+				       st == INT_MIN ? "not run" : tfab_strerror(st));
+				bad = 1;
+			}
+		}
+	}
+	/* rank 0 sends rank 1 1201 elements for 1200 (case 1), then 1 for none (case 2) */
+	for (int v = 1; v <= 2 && n > 1; v++) {
+		st = a2a_one(w, &DTYPES[4], v, true, &bad);
+		if (rank <= 1 ? st != -EINVAL : st != 0 && st != -TFAB_ERR_PEER_FAILED) {
+			printf("rank %d: alltoallv with counts that differ between ranks 0 and 1: "
+			       "%s, not %s\n",
+			       rank, st == INT_MIN ? "not run" : tfab_strerror(st),
+			       rank <= 1 ? "EINVAL" : "success or TFAB_ERR_PEER_FAILED");
+			bad = 1;
+		}
+		st = a2a_one(w, &DTYPES[4], 2, false, &bad);
+		if (st) {
+			printf("rank %d: alltoallv after the one that failed: %s\n", rank,
+			       st == INT_MIN ? "not run" : tfab_strerror(st));
+			bad = 1;
+		}
+	}
+	if (rank == 0)
+		printf("alltoallv: %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
 /* Shared by the threads: who has entered the barrier. */
 static atomic_int entered[64];
 
@@ -822,6 +1110,7 @@ static int refused(struct tfab_world *w)
 		       .shape = &four};
 	atomic_int order = 0;
 	struct job j = {1, -1, &order};
+	size_t fives[64] = {5, 5, 5, 5, 5, 5, 5, 5}; /* worlds of up to 8 */
 	struct {
 		const char *what;
 		int rc;
@@ -836,6 +1125,24 @@ static int refused(struct tfab_world *w)
 	    {"a root out of the world", tfab_broadcast(w, &ta, n, must_not_call, NULL)},
 	    {"an allgather whose out is not size times in",
 	     tfab_allgather(w, &ta, &ta, must_not_call, NULL)},
+	    {"a reduce to a root out of the world",
+	     tfab_reduce(w, &ta, &ta, TFAB_OP_SUM, n, must_not_call, NULL)},
+	    {"a reduce of bool", tfab_reduce(w, &tu, &tu, TFAB_OP_SUM, rank, must_not_call, NULL)},
+	    {"a reduce whose root has no out",
+	     tfab_reduce(w, &ta, NULL, TFAB_OP_SUM, rank, must_not_call, NULL)},
+	    {"a gather to a root out of the world",
+	     tfab_gather(w, &ta, &ta, -1, must_not_call, NULL)},
+	    {"a gather whose out is not size times in",
+	     tfab_gather(w, &ta, &tb, rank, must_not_call, NULL)},
+	    {"a scatter whose root has no in",
+	     tfab_scatter(w, NULL, &ta, rank, must_not_call, NULL)},
+	    {"a scatter whose out is missing",
+	     tfab_scatter(w, &ta, NULL, rank, must_not_call, NULL)},
+	    {"an alltoallv whose counts do not add up to its tensors",
+	     tfab_alltoallv(w, &ta, fives, &tb, fives, must_not_call, NULL)},
+	    {"an alltoallv in place", tfab_alltoallv(w, &ta, NULL, &ta, NULL, must_not_call, NULL)},
+	    {"an alltoallv of float32 into uint8",
+	     tfab_alltoallv(w, &ta, NULL, &tu, NULL, must_not_call, NULL)},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -856,6 +1163,11 @@ static int refused(struct tfab_world *w)
 		rc = tfab_allreduce(w, &ta, &ti, TFAB_OP_SUM, NULL, must_not_call, NULL);
 		bad |= refusal_says(w, "allreduce of float32 into int32", rc,
 				    "allreduce: in is float32 and out int32");
+		rc = tfab_reduce(w, &ta, &ta, TFAB_OP_SUM, n, must_not_call, NULL);
+		bad |= refusal_says(w, "reduce to a root out of the world", rc, "reduce: root ");
+		rc = tfab_alltoallv(w, &ta, fives, &tb, fives, must_not_call, NULL);
+		bad |= refusal_says(w, "alltoallv whose counts do not add up", rc,
+				    "alltoallv: send_counts add up to ");
 	}
 	bad |= wait_from_callback(w);
 	/* Rank 0 alone in a barrier: leaving the world must wait for it. */
@@ -1026,6 +1338,9 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	bad |= broadcast(w);
 	bad |= allgather(w);
 	bad |= reduce_scatter(w);
+	bad |= reduce_root(w);
+	bad |= gather_scatter(w);
+	bad |= alltoallv(w);
 	bad |= barrier(ctx, w);
 	bad |= compressed(ctx, w);
 	bad |= refused(w);
@@ -1091,9 +1406,9 @@ static DLTensor gpu_tensor_of(const struct dtype *d, void *data, int64_t *shape)
 
 /*
  * GPU tensors (kDLCUDA) in every collective, through host proxies (coll_gpu.c): int32
- * allreduce on both algorithms, in place and not, a broadcast, an allgather and a
- * reduce-scatter, each result copied back and checked; the proxies' copies are counted in
- * bytes_copied.
+ * allreduce on both algorithms, in place and not, a broadcast, an allgather, a
+ * reduce-scatter, a reduce (no out off the root) and an all-to-all, each result copied back
+ * and checked; the proxies' copies are counted in bytes_copied.
  */
 static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 {
@@ -1212,6 +1527,55 @@ static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 		dev_free(dout);
 		dev_free(rin);
 		dev_free(rout);
+		free(h);
+		free(want);
+	}
+	{ /* reduce of 777 to the last rank (out NULL elsewhere), and an all-to-all of 3 each */
+		size_t m = 777, e = 3;
+		int64_t sm = (int64_t)m, se = (int64_t)e * n;
+		int32_t *h = malloc(m * 4), *want = malloc(m * 4);
+		void *din = dev_alloc(m * 4), *dout = dev_alloc(m * 4);
+		void *ain = dev_alloc(e * (size_t)n * 4), *aout = dev_alloc(e * (size_t)n * 4);
+		DLTensor ti = gpu_tensor_of(d, din, &sm), to = gpu_tensor_of(d, dout, &sm);
+		DLTensor ai = gpu_tensor_of(d, ain, &se), ao = gpu_tensor_of(d, aout, &se);
+		struct job j = {1, -1, &order}, k = {1, -1, &order};
+		int root = n - 1;
+
+		if (!h || !want || !din || !dout || !ain || !aout)
+			return 1;
+		fill(d, h, rank, 0, m);
+		dev_copy(din, h, m * 4, true);
+		for (size_t i = 0; i < m; i++)
+			reduce_one(d, TFAB_OP_SUM, n, 0, i, want, i);
+		st = RUN(
+		    w, "GPU reduce",
+		    tfab_reduce(w, &ti, rank == root ? &to : NULL, TFAB_OP_SUM, root, on_done, &j),
+		    j);
+		if (st) {
+			printf("rank %d: GPU reduce: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else if (rank == root) {
+			dev_copy(h, dout, m * 4, false);
+			bad |= compare(rank, "GPU reduce", h, want, m, 4);
+		}
+		for (int r = 0; r < n; r++)
+			fill(d, h + e * (size_t)r, rank * 1000 + r, 0, e);
+		dev_copy(ain, h, e * (size_t)n * 4, true);
+		for (int r = 0; r < n; r++)
+			fill(d, want + e * (size_t)r, r * 1000 + rank, 0, e);
+		st = RUN(w, "GPU alltoallv", tfab_alltoallv(w, &ai, NULL, &ao, NULL, on_done, &k),
+			 k);
+		if (st) {
+			printf("rank %d: GPU alltoallv: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else {
+			dev_copy(h, aout, e * (size_t)n * 4, false);
+			bad |= compare(rank, "GPU alltoallv", h, want, e * (size_t)n, 4);
+		}
+		dev_free(din);
+		dev_free(dout);
+		dev_free(ain);
+		dev_free(aout);
 		free(h);
 		free(want);
 	}
