@@ -114,7 +114,9 @@ static uint16_t f16_of(float f)
 static float f16_value(uint16_t h)
 {
 	int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-	double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+	double v = e == 31  ? (m ? NAN : INFINITY) /* a product can overflow */
+		   : e == 0 ? ldexp(m, -24)
+			    : ldexp(1024 + m, e - 25);
 
 	return (float)(h & 0x8000u ? -v : v);
 }
