@@ -95,12 +95,16 @@ TFAB_EXPORT int tfab_world_leave(struct tfab_world *w);
 /** A collective's callback: status 0 once it ended well on this rank, or why it failed. */
 typedef void (*tfab_coll_cb)(void *arg, int status);
 
-/** A reduction's operation. */
+/**
+ * A reduction's operation. Integer sums and products wrap (the low bits of the exact result,
+ * as torch's and gloo's); new operations come at the end, so that the values stay.
+ */
 enum tfab_op {
-	TFAB_OP_SUM, /**< the sum */
-	TFAB_OP_AVG, /**< the sum divided by the world's size (integers: toward zero) */
-	TFAB_OP_MIN, /**< the smallest */
-	TFAB_OP_MAX, /**< the largest */
+	TFAB_OP_SUM,  /**< the sum */
+	TFAB_OP_AVG,  /**< the sum divided by the world's size (integers: toward zero) */
+	TFAB_OP_MIN,  /**< the smallest */
+	TFAB_OP_MAX,  /**< the largest */
+	TFAB_OP_PROD, /**< the product */
 };
 
 /** Compression of an fp32 allreduce's traffic (doc/world.md, "Compression"). */
@@ -130,8 +134,9 @@ struct tfab_coll_opts {
 };
 
 /**
- * out = in[rank 0] op in[rank 1] op ...: same dtype (fp32, fp64, fp16, bf16, int32, int64)
- * and element count on every rank; in == out reduces in place. opts may be NULL.
+ * out = in[rank 0] op in[rank 1] op ...: same dtype (fp32, fp64, fp16, bf16, and integers of
+ * 8, 16, 32 and 64 bits, signed or not) and element count on every rank; in == out reduces in
+ * place. opts may be NULL.
  */
 TFAB_EXPORT int tfab_allreduce(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 			       enum tfab_op op, const struct tfab_coll_opts *opts, tfab_coll_cb cb,
@@ -148,6 +153,40 @@ TFAB_EXPORT int tfab_allgather(struct tfab_world *w, const DLTensor *in, DLTenso
  */
 TFAB_EXPORT int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 				    enum tfab_op op, tfab_coll_cb cb, void *arg);
+/**
+ * out on rank root = in[rank 0] op in[rank 1] op ..., folded in rank order as a direct
+ * allreduce folds (the same bits): every other rank sends its in to root. Same dtype (those
+ * tfab_allreduce takes) and element count on every rank; out is root's only (same dtype and
+ * size as in; in == out reduces in place), and ignored, NULL or not, on the other ranks.
+ */
+TFAB_EXPORT int tfab_reduce(struct tfab_world *w, const DLTensor *in, DLTensor *out,
+			    enum tfab_op op, int root, tfab_coll_cb cb, void *arg);
+/**
+ * out on rank root = every rank's in, in rank order (size times in's bytes, of in's dtype);
+ * any dtype, the same size on every rank. out is ignored, NULL or not, on the other ranks;
+ * root's in may be its own place in out.
+ */
+TFAB_EXPORT int tfab_gather(struct tfab_world *w, const DLTensor *in, DLTensor *out, int root,
+			    tfab_coll_cb cb, void *arg);
+/**
+ * out on rank r = part r of root's in, which holds size parts of out's bytes, in rank order;
+ * any dtype, the same size of out on every rank. in is ignored, NULL or not, on the other
+ * ranks; root's out may be its own place in in.
+ */
+TFAB_EXPORT int tfab_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out, int root,
+			     tfab_coll_cb cb, void *arg);
+/**
+ * All to all: in holds this rank's pieces for ranks 0 .. size-1 in rank order, send_counts[k]
+ * elements for rank k; out gets rank k's piece for this rank, recv_counts[k] elements, in rank
+ * order (counts: size entries each, adding up to in's and out's element counts; NULL: equal
+ * pieces). Rank i's send_counts[j] must be rank j's recv_counts[i] and every rank's dtype one
+ * (any dtype): where they differ, both ranks of the pair fail the collective with -EINVAL
+ * (the log says what differs) and nothing lands in out from the other. in and out do not
+ * overlap. Each pair trades its counts first, then its pieces, directly.
+ */
+TFAB_EXPORT int tfab_alltoallv(struct tfab_world *w, const DLTensor *in, const size_t *send_counts,
+			       DLTensor *out, const size_t *recv_counts, tfab_coll_cb cb,
+			       void *arg);
 /** Calls back once every rank has called it (an allreduce of one int32). */
 TFAB_EXPORT int tfab_barrier(struct tfab_world *w, tfab_coll_cb cb, void *arg);
 /**

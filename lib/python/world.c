@@ -503,7 +503,7 @@ static void dtype_differs(const char *what, const DLTensor *in, const DLTensor *
 		     tfab_dtype_name(in->dtype, a, sizeof(a)));
 }
 
-/* The dtypes the library reduces: float16/32/64, bfloat16, int32, int64. */
+/* The dtypes the library reduces: float16/32/64, bfloat16, int8 to int64, uint8 to uint64. */
 static bool reducible(DLDataType d)
 {
 	if (d.lanes != 1)
@@ -512,8 +512,8 @@ static bool reducible(DLDataType d)
 		return d.bits == 16 || d.bits == 32 || d.bits == 64;
 	if (d.code == kDLBfloat)
 		return d.bits == 16;
-	if (d.code == kDLInt)
-		return d.bits == 32 || d.bits == 64;
+	if (d.code == kDLInt || d.code == kDLUInt)
+		return d.bits == 8 || d.bits == 16 || d.bits == 32 || d.bits == 64;
 	return false;
 }
 
@@ -524,8 +524,8 @@ static int check_reducible(const char *what, const DLTensor *t)
 	if (reducible(t->dtype))
 		return 0;
 	PyErr_Format(PyExc_TypeError,
-		     "tfab: %s reduces float16, bfloat16, float32, float64, int32 and int64 "
-		     "tensors, not %s",
+		     "tfab: %s reduces float16, bfloat16, float32, float64 and integer (int8 to "
+		     "int64, uint8 to uint64) tensors, not %s",
 		     what, tfab_dtype_name(t->dtype, name, sizeof(name)));
 	return -1;
 }
@@ -540,7 +540,7 @@ static PyObject *coll_failed(struct tfabpy_world *self, struct coll *co, int rc,
 
 static int op_arg(int op)
 {
-	if (op < TFAB_OP_SUM || op > TFAB_OP_MAX) {
+	if (op < TFAB_OP_SUM || op > TFAB_OP_PROD) {
 		PyErr_Format(PyExc_ValueError, "tfab: no reduction operation %d", op);
 		return -1;
 	}
@@ -752,6 +752,267 @@ static PyObject *world_reduce_scatter(struct tfabpy_world *self, PyObject *args)
 	return gather_scatter(self, in, out, op, callback, true);
 }
 
+/* root as a rank of the world (ValueError where not). */
+static int root_arg(struct tfabpy_world *self, int root)
+{
+	if (root >= 0 && root < tfab_world_size(self->w))
+		return 0;
+	PyErr_Format(PyExc_ValueError, "tfab: no root %d in a world of %d", root,
+		     tfab_world_size(self->w));
+	return -1;
+}
+
+/* Start co (holding its tensors) with start(); its failure raised as what's. */
+#define COLL_START(self, co, what, call)                                           \
+	do {                                                                       \
+		int rc_;                                                           \
+		(self)->inflight++;                                                \
+		tfabpy_link_add(&(self)->colls, &(co)->link, ++(self)->colls_seq); \
+		BUSY(self);                                                        \
+		{                                                                  \
+			PyThreadState *ts_ = PyEval_SaveThread();                  \
+                                                                                   \
+			rc_ = (call);                                              \
+			PyEval_RestoreThread(ts_);                                 \
+		}                                                                  \
+		LEAVE(self);                                                       \
+		if (rc_)                                                           \
+			return coll_failed(self, co, rc_, what);                   \
+		Py_RETURN_NONE;                                                    \
+	} while (0)
+
+/* reduce(in, out or None, op, root, callback): out is the root's only (None: in place). */
+static PyObject *world_reduce(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *inobj, *outobj, *callback;
+	DLManagedTensor *in = NULL, *out = NULL;
+	int op, root;
+	bool is_root;
+	struct coll *co;
+
+	if (!PyArg_ParseTuple(args, "OOiiO:reduce", &inobj, &outobj, &op, &root, &callback))
+		return NULL;
+	if (op_arg(op) < 0 || !world_usable(self) || root_arg(self, root) < 0)
+		return NULL;
+	is_root = root == tfab_world_rank(self->w);
+	if (coll_tensor(inobj, "reduce",
+			is_root && outobj == Py_None ? "reduce's tensor (reduced in place)" : NULL,
+			&in) < 0)
+		return NULL;
+	if (is_root && outobj != Py_None &&
+	    coll_tensor(outobj, "reduce", "reduce's out=", &out) < 0)
+		goto err;
+	if (check_reducible("reduce", &in->dl_tensor) < 0)
+		goto err;
+	if (out && !same_dtype(&in->dl_tensor, &out->dl_tensor)) {
+		dtype_differs("reduce", &in->dl_tensor, &out->dl_tensor);
+		goto err;
+	}
+	if (out && nbytes_of(&in->dl_tensor) != nbytes_of(&out->dl_tensor)) {
+		PyErr_SetString(PyExc_ValueError,
+				"tfab: reduce's out= has another number of elements");
+		goto err;
+	}
+	co = coll_new(self, callback);
+	if (!co)
+		goto err;
+	co->in = in;
+	co->out = out;
+	COLL_START(self, co, "reduce",
+		   tfab_reduce(self->w, &in->dl_tensor,
+			       !is_root ? NULL
+			       : out	? &out->dl_tensor
+					: &in->dl_tensor,
+			       (enum tfab_op)op, root, on_coll, co));
+err:
+	if (in)
+		in->deleter(in);
+	if (out)
+		out->deleter(out);
+	return NULL;
+}
+
+/*
+ * gather(in, out, root, callback) and scatter(in, out, root, callback): the whole (gather's
+ * out, scatter's in) is the root's only, each rank's part (gather's in, scatter's out) every
+ * rank's; the whole holds size parts.
+ */
+static PyObject *root_parts(struct tfabpy_world *self, PyObject *args, bool scatter)
+{
+	const char *what = scatter ? "scatter" : "gather";
+	PyObject *inobj, *outobj, *callback, *wholeobj, *partobj;
+	DLManagedTensor *whole = NULL, *part = NULL;
+	int root;
+	bool is_root;
+	struct coll *co;
+
+	if (!PyArg_ParseTuple(args, scatter ? "OOiO:scatter" : "OOiO:gather", &inobj, &outobj,
+			      &root, &callback))
+		return NULL;
+	if (!world_usable(self) || root_arg(self, root) < 0)
+		return NULL;
+	is_root = root == tfab_world_rank(self->w);
+	wholeobj = scatter ? inobj : outobj;
+	partobj = scatter ? outobj : inobj;
+	if (coll_tensor(partobj, what, scatter ? "scatter's out" : NULL, &part) < 0)
+		return NULL;
+	if (is_root) {
+		if (wholeobj == Py_None) {
+			PyErr_Format(PyExc_ValueError, "tfab: %s's root needs its %s", what,
+				     scatter ? "tensor of size parts" : "out");
+			goto err;
+		}
+		if (coll_tensor(wholeobj, what, scatter ? NULL : "gather's out", &whole) < 0)
+			goto err;
+		if (!same_dtype(&part->dl_tensor, &whole->dl_tensor)) {
+			if (scatter)
+				dtype_differs(what, &whole->dl_tensor, &part->dl_tensor);
+			else
+				dtype_differs(what, &part->dl_tensor, &whole->dl_tensor);
+			goto err;
+		}
+		if (nbytes_of(&whole->dl_tensor) !=
+		    nbytes_of(&part->dl_tensor) * (uint64_t)tfab_world_size(self->w)) {
+			PyErr_Format(PyExc_ValueError,
+				     scatter
+					 ? "tfab: scatter's input holds the world's size (%d) "
+					   "times out's elements"
+					 : "tfab: gather's out holds the world's size (%d) times "
+					   "the input's elements",
+				     tfab_world_size(self->w));
+			goto err;
+		}
+	}
+	co = coll_new(self, callback);
+	if (!co)
+		goto err;
+	co->in = scatter ? whole : part;
+	co->out = scatter ? part : whole;
+	if (scatter)
+		COLL_START(self, co, what,
+			   tfab_scatter(self->w, whole ? &whole->dl_tensor : NULL, &part->dl_tensor,
+					root, on_coll, co));
+	COLL_START(self, co, what,
+		   tfab_gather(self->w, &part->dl_tensor, whole ? &whole->dl_tensor : NULL, root,
+			       on_coll, co));
+err:
+	if (whole)
+		whole->deleter(whole);
+	if (part)
+		part->deleter(part);
+	return NULL;
+}
+
+static PyObject *world_gather(struct tfabpy_world *self, PyObject *args)
+{
+	return root_parts(self, args, false);
+}
+
+static PyObject *world_scatter(struct tfabpy_world *self, PyObject *args)
+{
+	return root_parts(self, args, true);
+}
+
+/* counts: None (NULL, *n_p untouched), or a sequence of size ints >= 0 into a new array. */
+static int counts_arg(PyObject *obj, const char *name, int size, size_t **n_p)
+{
+	PyObject *seq;
+
+	if (obj == Py_None)
+		return 0;
+	seq = PySequence_Fast(obj, "tfab: alltoall's counts are a list of ints or None");
+	if (!seq)
+		return -1;
+	if (PySequence_Fast_GET_SIZE(seq) != size) {
+		PyErr_Format(PyExc_ValueError,
+			     "tfab: alltoall's %s has %zd entries, not %d (one "
+			     "per rank)",
+			     name, PySequence_Fast_GET_SIZE(seq), size);
+		goto err;
+	}
+	*n_p = calloc((size_t)size, sizeof(**n_p));
+	if (!*n_p) {
+		PyErr_NoMemory();
+		goto err;
+	}
+	for (int k = 0; k < size; k++) {
+		long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, k));
+
+		if (v == -1 && PyErr_Occurred())
+			goto err;
+		if (v < 0) {
+			PyErr_Format(PyExc_ValueError,
+				     "tfab: alltoall's %s[%d] is %lld: counts "
+				     "are >= 0",
+				     name, k, v);
+			goto err;
+		}
+		(*n_p)[k] = (size_t)v;
+	}
+	Py_DECREF(seq);
+	return 0;
+err:
+	free(*n_p);
+	*n_p = NULL;
+	Py_DECREF(seq);
+	return -1;
+}
+
+/* alltoallv(in, out, send_counts or None, recv_counts or None, callback). */
+static PyObject *world_alltoallv(struct tfabpy_world *self, PyObject *args)
+{
+	PyObject *inobj, *outobj, *scobj, *rcobj, *callback;
+	DLManagedTensor *in = NULL, *out = NULL;
+	size_t *sc = NULL, *rc = NULL;
+	struct coll *co;
+	int ret;
+
+	if (!PyArg_ParseTuple(args, "OOOOO:alltoallv", &inobj, &outobj, &scobj, &rcobj, &callback))
+		return NULL;
+	if (!world_usable(self))
+		return NULL;
+	if (counts_arg(scobj, "send_counts", tfab_world_size(self->w), &sc) < 0 ||
+	    counts_arg(rcobj, "recv_counts", tfab_world_size(self->w), &rc) < 0)
+		goto err;
+	if (coll_tensor(inobj, "alltoall", NULL, &in) < 0 ||
+	    coll_tensor(outobj, "alltoall", "alltoall's out", &out) < 0)
+		goto err;
+	if (!same_dtype(&in->dl_tensor, &out->dl_tensor)) {
+		dtype_differs("alltoall", &in->dl_tensor, &out->dl_tensor);
+		goto err;
+	}
+	co = coll_new(self, callback);
+	if (!co)
+		goto err;
+	co->in = in;
+	co->out = out;
+	in = out = NULL;
+	self->inflight++;
+	tfabpy_link_add(&self->colls, &co->link, ++self->colls_seq);
+	BUSY(self);
+	{
+		PyThreadState *ts = PyEval_SaveThread();
+
+		ret = tfab_alltoallv(self->w, &co->in->dl_tensor, sc, &co->out->dl_tensor, rc,
+				     on_coll, co);
+		PyEval_RestoreThread(ts);
+	}
+	LEAVE(self);
+	free(sc);
+	free(rc);
+	if (ret)
+		return coll_failed(self, co, ret, "alltoall");
+	Py_RETURN_NONE;
+err:
+	free(sc);
+	free(rc);
+	if (in)
+		in->deleter(in);
+	if (out)
+		out->deleter(out);
+	return NULL;
+}
+
 static PyObject *world_barrier(struct tfabpy_world *self, PyObject *callback)
 {
 	struct coll *co;
@@ -814,6 +1075,10 @@ static PyMethodDef world_methods[] = {
     {"broadcast", (PyCFunction)world_broadcast, METH_VARARGS, NULL},
     {"allgather", (PyCFunction)world_allgather, METH_VARARGS, NULL},
     {"reduce_scatter", (PyCFunction)world_reduce_scatter, METH_VARARGS, NULL},
+    {"reduce", (PyCFunction)world_reduce, METH_VARARGS, NULL},
+    {"gather", (PyCFunction)world_gather, METH_VARARGS, NULL},
+    {"scatter", (PyCFunction)world_scatter, METH_VARARGS, NULL},
+    {"alltoallv", (PyCFunction)world_alltoallv, METH_VARARGS, NULL},
     {"barrier", (PyCFunction)world_barrier, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };

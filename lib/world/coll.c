@@ -1,6 +1,7 @@
 /*
  * Collectives on a world (doc/world.md, "Collectives"): allreduce, broadcast, allgather,
- * reduce-scatter and barrier as ordinary sends and receives between the world's peers.
+ * reduce-scatter, barrier, reduce, gather, scatter and all-to-all as ordinary sends and
+ * receives between the world's peers.
  *
  * A collective is a small program of operations, each a send to or a receive from one rank,
  * with the operations it waits for: a ring's step waits for the piece it forwards to have
@@ -56,6 +57,7 @@ enum op_act {
 	/* Compressed allreduce (fp32): */
 	ACT_ZREDUCE, /* buf = local + decompressed tensor; the last finishes the part (zfinish) */
 	ACT_ZCOPY,   /* buf = decompressed tensor, kept for the send that forwards it */
+	ACT_CHECK,   /* the tensor must be len bytes equal to local's; else the op fails */
 };
 
 enum op_state {
@@ -86,7 +88,15 @@ struct coll_op {
 	uint8_t kind, act, state;
 	bool last;  /* ACT_REDUCE: the part's last reduction */
 	bool eager; /* its bytes travel in a COLL_DATA message (len <= TFAB_COLL_EAGER) */
-	char tag;   /* the key: "tfab.c/<tag><step>.<piece>" */
+	/*
+	 * Gated: it waits for the operations before it even while the collective drains, and
+	 * goes (posted, or drained) only if each of them passed its check (ACT_CHECK); else it
+	 * ends unposted (skip). For operations whose way both ends must agree on first: a check
+	 * that fails on one end fails on the other too, and neither posts.
+	 */
+	bool gated, skip;
+	bool passed; /* ACT_CHECK: its tensor came and was right */
+	char tag;    /* the key: "tfab.c/<tag><step>.<piece>" */
 	uint8_t nnext;
 	uint16_t ndeps; /* operations still to end before this one is posted */
 	uint32_t step, piece;
@@ -126,7 +136,9 @@ struct tfab_coll {
 	size_t esize;
 	int status; /* the first failure */
 	bool draining;
-	bool fold; /* direct allreduce: reduce the kept tensors in rank order at the end */
+	bool fold; /* direct allreduce, reduce: reduce the kept tensors in rank order at the end */
+	uint8_t
+	    fold_stride; /* the receive of the k-th other rank is operation stride k + stride - 1 */
 	enum tfab_compress compress;
 	void *zbuf; /* compressed allreduce: a pool block holding every piece it sends */
 	uint64_t bytes_logical, bytes_wire; /* of its sends as tensors (eager ones: eager_send) */
@@ -142,6 +154,7 @@ struct tfab_coll {
 	uint64_t started_ms;	    /* the stall deadline's start */
 	struct tfab_list fast_link; /* w->fast, until its operands are read or given up on */
 	struct coll_op *ops;
+	int64_t *words; /* alltoallv: the counts that each pair checks (alltoallv_check) */
 	tfab_coll_cb cb;
 	void *arg;
 	int32_t barrier[1];
@@ -267,6 +280,7 @@ static void coll_free(struct tfab_coll *c)
 	}
 	if (c->zbuf)
 		tfab__pool_free(tfab__ctx_pool(c->w->ctx), c->zbuf);
+	free(c->words);
 	free(c);
 }
 
@@ -340,10 +354,13 @@ static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
 	for (uint32_t i = 0; i < c->nops; i++) {
 		struct coll_op *o = &c->ops[i];
 
-		if (o->state == ST_WAIT)
+		if (o->state == ST_WAIT && !(o->gated && o->ndeps))
 			op_ready(c, o);
-		/* An eager receive holds nothing of its sender's: it need not wait. */
-		else if (o->state == ST_POSTED && eager_recv(o))
+		/*
+		 * An eager receive holds nothing of its sender's: it need not wait. A check's
+		 * verdict is awaited: the operations it gates go or not by it.
+		 */
+		else if (o->state == ST_POSTED && eager_recv(o) && o->act != ACT_CHECK)
 			op_ended(c, o, 0);
 	}
 }
@@ -355,9 +372,13 @@ static void op_ended(struct tfab_coll *c, struct coll_op *op, int status)
 	c->unended--;
 	if (status)
 		coll_fail(c, op, status);
-	for (unsigned k = 0; k < op->nnext && !c->draining; k++) {
+	for (unsigned k = 0; k < op->nnext; k++) {
 		struct coll_op *n = &c->ops[op->next[k]];
 
+		if (n->gated && !op->passed)
+			n->skip = true;
+		if (c->draining && !n->gated)
+			continue; /* the drain made it ready */
 		if (--n->ndeps == 0 && n->state == ST_WAIT)
 			op_ready(c, n);
 	}
@@ -417,8 +438,13 @@ static void on_sent(void *arg, int status)
 		t->deleter(t);
 }
 
-/* What a receive's tensor is for, done as it lands (no lock: nothing else touches it). */
-static void op_act(struct tfab_coll *c, struct coll_op *op, void *data)
+static int alltoallv_check(struct tfab_coll *c, struct coll_op *op, const int64_t *got);
+
+/*
+ * What a receive's tensor is for, done as it lands (no lock: nothing else touches it). 0, or
+ * the failure of a check.
+ */
+static int op_act(struct tfab_coll *c, struct coll_op *op, void *data)
 {
 	size_t n = op->len / c->esize;
 
@@ -445,9 +471,12 @@ static void op_act(struct tfab_coll *c, struct coll_op *op, void *data)
 	case ACT_ZCOPY:
 		tfab__decompress_add(c->compress, (float *)op->buf, NULL, data, op->nelem);
 		break;
+	case ACT_CHECK:
+		return alltoallv_check(c, op, data);
 	default:
 		break;
 	}
+	return 0;
 }
 
 static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
@@ -459,7 +488,7 @@ static void on_recv(void *arg, int status, DLManagedTensor *t, bool is_dead)
 	if (status == 0 && is_dead)
 		status = -TFAB_ERR_PEER_FAILED; /* the rank before gave up: pass it on */
 	if (status == 0 && t && op->kind == OP_RECV_POOL)
-		op_act(c, op, t->dl_tensor.data);
+		status = op_act(c, op, t->dl_tensor.data);
 	pthread_mutex_lock(&w->coll_lock);
 	if (status == 0 && t && keeps_bytes(op) && !c->draining) {
 		op->held = t;
@@ -566,7 +595,7 @@ static void eager_sends(struct tfab_coll *c, struct coll_op *op, bool drain)
 		if (n == EAGER_BATCH || c->ready_head == c->ready_tail)
 			break;
 		op = &c->ops[c->ready[c->ready_head]];
-		if (!op->eager || op->kind != OP_SEND)
+		if (!op->eager || op->kind != OP_SEND || op->skip)
 			break;
 		c->ready_head++;
 	}
@@ -631,7 +660,19 @@ static int op_post(struct tfab_coll *c, struct coll_op *op, bool drain, uint8_t 
 	return tfab__recv_post(ctx, peer, key, c->step, &a);
 }
 
-/* The direct allreduce's end: every rank's tensor reduced in rank order into out. */
+/* Rank k's operand of a fold: this rank's input, or what the receive from rank k keeps. */
+static const uint8_t *fold_operand(const struct tfab_coll *c, int k)
+{
+	int r = c->w->rank;
+	uint32_t i = (uint32_t)(k < r ? k : k - 1); /* among the other ranks */
+
+	return k == r ? c->in : kept_data(&c->ops[c->fold_stride * i + c->fold_stride - 1]);
+}
+
+/*
+ * The end of a direct allreduce or a reduce on its root: every rank's tensor reduced in rank
+ * order into out.
+ */
 static void coll_fold(struct tfab_coll *c)
 {
 	struct tfab_world *w = c->w;
@@ -640,17 +681,12 @@ static void coll_fold(struct tfab_coll *c)
 	size_t n = c->nbytes / c->esize;
 	int r = w->rank;
 
-	/* ops: a send and a receive per other rank, the receive of rank k at 2k (k < r) ... */
 	for (int k = 0; k < 2; k++)
-		x[k] = k == r ? c->in : kept_data(&c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1]);
-	acc = (uint8_t *)x[r == 0 ? 1 : 0];
+		x[k] = fold_operand(c, k);
+	acc = (uint8_t *)x[r == 0 ? 1 : 0]; /* a pool tensor's, or an eager operand's */
 	tfab__reduce(c->op, c->rt, acc, x[0], x[1], n);
-	for (int k = 2; k < w->size; k++) {
-		const uint8_t *xk =
-		    k == r ? c->in : kept_data(&c->ops[2 * (uint32_t)(k < r ? k : k - 1) + 1]);
-
-		tfab__reduce(c->op, c->rt, acc, acc, xk, n);
-	}
+	for (int k = 2; k < w->size; k++)
+		tfab__reduce(c->op, c->rt, acc, acc, fold_operand(c, k), n);
 	if (c->op == TFAB_OP_AVG)
 		tfab__reduce_div(c->rt, acc, n, w->size);
 	memcpy(c->out, acc, c->nbytes);
@@ -673,12 +709,12 @@ static void eager_land(struct tfab_coll *c, struct coll_op *op, struct eager_msg
 			  c->w->rank, c->what, c->seq, op->rank, m->len, op->tag, op->step,
 			  op->piece, op->len);
 		status = -TFAB_ERR_PROTOCOL;
-	} else if (!c->draining) {
+	} else if (!c->draining || op->act == ACT_CHECK) {
 		if (op->kind == OP_RECV_INTO)
 			memcpy(op->buf, m->bytes, op->len);
 		else
-			op_act(c, op, m->bytes);
-		if (keeps_bytes(op)) {
+			status = op_act(c, op, m->bytes);
+		if (status == 0 && keeps_bytes(op)) {
 			op->kept = m;
 			m = NULL;
 		}
@@ -771,6 +807,11 @@ static void drive(struct tfab_world *w)
 			uint8_t *src = op->buf;
 			int rc;
 
+			if (op->skip) {
+				op->state = ST_POSTED;
+				op_ended(c, op, 0);
+				continue;
+			}
 			if (op->eager) {
 				if (op->kind == OP_SEND)
 					eager_sends(c, op, drain);
@@ -1050,11 +1091,11 @@ static int reduce_args(const char *what, const DLTensor *in, const DLTensor *out
 	if (tfab__rtype_of(in->dtype, rt_p)) {
 		TFAB_ERROR(SUBSYS,
 			   "%s: %s tensors are not reduced (float16, bfloat16, float32, float64, "
-			   "int32 and int64 are)",
+			   "and int8 to int64 and uint8 to uint64 are)",
 			   what, tfab_dtype_name(in->dtype, a, sizeof(a)));
 		return -EINVAL;
 	}
-	if ((unsigned)op > TFAB_OP_MAX) {
+	if ((unsigned)op > TFAB_OP_PROD) {
 		TFAB_ERROR(SUBSYS, "%s: no operation %d", what, (int)op);
 		return -EINVAL;
 	}
@@ -1270,6 +1311,7 @@ static void build_direct_allreduce(struct tfab_coll *c)
 		op_set(c, i++, OP_RECV_POOL, k, 'd', 0, 0, NULL, c->nbytes)->act = ACT_HOLD;
 	}
 	c->fold = true;
+	c->fold_stride = 2; /* a send and a receive per other rank */
 }
 
 /* A compressed ring's block of compressed pieces, its error feedback and its schedule. */
@@ -1648,6 +1690,387 @@ int tfab_reduce_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out,
 	int rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
 
 	return rc ? rc : tfab__coll_gpu_started(g, reduce_scatter_host(w, in, out, op, cb, arg));
+}
+
+/* Whether byte ranges [a, a + na) and [b, b + nb) share a byte. */
+static bool overlap(const uint8_t *a, size_t na, const uint8_t *b, size_t nb)
+{
+	return na && nb && a < b + nb && b < a + na;
+}
+
+/* Whether root names a rank of w (said where not). */
+static int root_arg(const struct tfab_world *w, const char *what, int root)
+{
+	if (root >= 0 && root < w->size)
+		return 0;
+	TFAB_ERROR(SUBSYS, "%s: root %d is no rank of a world of %d", what, root, w->size);
+	return -EINVAL;
+}
+
+/*
+ * The reduce: every other rank sends its whole input to the root, which keeps them and folds
+ * them in rank order into out at the end (as the direct allreduce does: the same bits).
+ */
+static int reduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
+		       int root, tfab_coll_cb cb, void *arg)
+{
+	enum tfab_rtype rt;
+	struct tfab_coll *c;
+	uint8_t *ib, *ob = NULL;
+	size_t inb, onb = 0;
+	int rc = check_world(w, cb);
+	bool is_root;
+
+	if (rc == 0)
+		rc = root_arg(w, "reduce", root);
+	if (rc)
+		return rc;
+	is_root = w->rank == root;
+	rc = tensor_bytes(in, &ib, &inb);
+	if (rc == 0 && is_root)
+		rc = tensor_bytes(out, &ob, &onb);
+	if (rc) {
+		TFAB_ERROR(SUBSYS,
+			   "reduce: a bad argument (CPU or GPU tensors of row-major layout: "
+			   "in, and out on the root)");
+		return rc;
+	}
+	rc = reduce_args("reduce", in, is_root ? out : in, inb, is_root ? onb : inb, 1, op, &rt);
+	if (rc)
+		return rc;
+	c = coll_new(w, "reduce", w->size == 1 ? 0 : is_root ? (uint32_t)w->size - 1 : 1, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->op = op;
+	c->rt = rt;
+	c->esize = tfab__rtype_size(rt);
+	c->in = ib;
+	c->out = ob;
+	c->nbytes = inb;
+	if (w->size == 1 && ib != ob) {
+		memmove(ob, ib, inb);
+	} else if (w->size > 1 && is_root) {
+		for (int k = 0, i = 0; k < w->size; k++) {
+			if (k != root)
+				op_set(c, (uint32_t)i++, OP_RECV_POOL, k, 'R', 0, 0, NULL, inb)
+				    ->act = ACT_HOLD;
+		}
+		c->fold = true;
+		c->fold_stride = 1; /* a receive per other rank */
+	} else if (w->size > 1) {
+		op_set(c, 0, OP_SEND, root, 'R', 0, 0, ib, inb);
+	}
+	coll_start(c);
+	return 0;
+}
+
+int tfab_reduce(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op, int root,
+		tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc;
+
+	if (w && w->rank != root)
+		out = NULL; /* only the root's is written (a GPU one copied back) */
+	rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+	return rc ? rc : tfab__coll_gpu_started(g, reduce_host(w, in, out, op, root, cb, arg));
+}
+
+/*
+ * Gather (scatter = false) and scatter: between the root's tensor of size parts (gather's
+ * out, scatter's in) and every rank's part (gather's in, scatter's out), each part going
+ * straight between the root and its rank; the root's own part is copied at the call.
+ */
+static int gather_scatter_host(struct tfab_world *w, const DLTensor *in, DLTensor *out, int root,
+			       bool scatter, tfab_coll_cb cb, void *arg)
+{
+	const char *what = scatter ? "scatter" : "gather";
+	const DLTensor *whole = scatter ? in : out, *part = scatter ? out : in;
+	char a[TFAB_DTYPE_NAME_MAX], b[TFAB_DTYPE_NAME_MAX];
+	uint8_t *wb = NULL, *pb;
+	size_t wnb = 0, pnb;
+	struct tfab_coll *c;
+	int rc = check_world(w, cb);
+	bool is_root;
+
+	if (rc == 0)
+		rc = root_arg(w, what, root);
+	if (rc)
+		return rc;
+	is_root = w->rank == root;
+	rc = tensor_bytes(part, &pb, &pnb);
+	if (rc == 0 && is_root)
+		rc = tensor_bytes(whole, &wb, &wnb);
+	if (rc) {
+		TFAB_ERROR(SUBSYS,
+			   "%s: a bad argument (CPU or GPU tensors of row-major layout: %s, and "
+			   "%s on the root)",
+			   what, scatter ? "out" : "in", scatter ? "in" : "out");
+		return rc;
+	}
+	if (is_root &&
+	    (whole->dtype.code != part->dtype.code || whole->dtype.bits != part->dtype.bits ||
+	     whole->dtype.lanes != part->dtype.lanes)) {
+		TFAB_ERROR(SUBSYS, "%s: in is %s and out %s: both must be of one dtype", what,
+			   tfab_dtype_name(in->dtype, a, sizeof(a)),
+			   tfab_dtype_name(out->dtype, b, sizeof(b)));
+		return -EINVAL;
+	}
+	if (is_root && wnb != pnb * (size_t)w->size) {
+		TFAB_ERROR(SUBSYS,
+			   "%s: %s has %zu bytes and %s %zu: %s must have %s's times the "
+			   "world's size (%d)",
+			   what, scatter ? "in" : "out", wnb, scatter ? "out" : "in", pnb,
+			   scatter ? "in" : "out", scatter ? "out" : "in", w->size);
+		return -EINVAL;
+	}
+	/* the part may be the root's place in the whole, and nowhere else in it */
+	if (is_root && pb != wb + (size_t)root * pnb && overlap(pb, pnb, wb, wnb)) {
+		TFAB_ERROR(SUBSYS, "%s: in and out overlap (other than at the root's part)", what);
+		return -EINVAL;
+	}
+	c = coll_new(w, what, w->size == 1 ? 0 : is_root ? (uint32_t)w->size - 1 : 1, cb, arg);
+	if (!c)
+		return -ENOMEM;
+	c->esize = 1;
+	c->nbytes = pnb;
+	if (is_root) {
+		uint8_t *mine = wb + (size_t)root * pnb;
+
+		if (pb != mine)
+			memmove(scatter ? pb : mine, scatter ? mine : pb, pnb);
+		for (int k = 0, i = 0; k < w->size; k++) {
+			if (k != root)
+				op_set(c, (uint32_t)i++, scatter ? OP_SEND : OP_RECV_INTO, k,
+				       scatter ? 'S' : 'G', 0, 0, wb + (size_t)k * pnb, pnb);
+		}
+	} else {
+		op_set(c, 0, scatter ? OP_RECV_INTO : OP_SEND, root, scatter ? 'S' : 'G', 0, 0, pb,
+		       pnb);
+	}
+	coll_start(c);
+	return 0;
+}
+
+int tfab_gather(struct tfab_world *w, const DLTensor *in, DLTensor *out, int root, tfab_coll_cb cb,
+		void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc;
+
+	if (w && w->rank != root)
+		out = NULL;
+	rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+	return rc ? rc
+		  : tfab__coll_gpu_started(g,
+					   gather_scatter_host(w, in, out, root, false, cb, arg));
+}
+
+int tfab_scatter(struct tfab_world *w, const DLTensor *in, DLTensor *out, int root, tfab_coll_cb cb,
+		 void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc;
+
+	if (w && w->rank != root)
+		in = NULL;
+	rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+	return rc ? rc
+		  : tfab__coll_gpu_started(g, gather_scatter_host(w, in, out, root, true, cb, arg));
+}
+
+/*
+ * The counts that the pair of this rank and rank k checks before either moves data: what
+ * this rank sends k (its send count for k, its receive count from k, its dtype) at words
+ * 6k, and what it expects from k (the same seen from k) at 6k + 3.
+ */
+#define CHECK_WORDS 3
+
+static int64_t dtype_word(DLDataType dt)
+{
+	return (int64_t)dt.code | (int64_t)dt.bits << 8 | (int64_t)dt.lanes << 16;
+}
+
+/* An alltoallv's check of what rank op->rank sent (ACT_CHECK): 0, or -EINVAL said. */
+static int alltoallv_check(struct tfab_coll *c, struct coll_op *op, const int64_t *got)
+{
+	const int64_t *want = (const int64_t *)op->local;
+	int64_t g[CHECK_WORDS];
+
+	memcpy(g, got, sizeof(g));
+	if (memcmp(g, want, sizeof(g)) == 0) {
+		op->passed = true;
+		return 0;
+	}
+	if (g[2] != want[2]) {
+		char a[TFAB_DTYPE_NAME_MAX], b[TFAB_DTYPE_NAME_MAX];
+		DLDataType ga = {(uint8_t)g[2], (uint8_t)(g[2] >> 8), (uint16_t)(g[2] >> 16)};
+		DLDataType wa = {(uint8_t)want[2], (uint8_t)(want[2] >> 8),
+				 (uint16_t)(want[2] >> 16)};
+
+		TFAB_ERROR(SUBSYS, "rank %d: %s %" PRIu64 ": rank %d has %s tensors, this rank %s",
+			   c->w->rank, c->what, c->seq, op->rank, tfab_dtype_name(ga, a, sizeof(a)),
+			   tfab_dtype_name(wa, b, sizeof(b)));
+	} else {
+		TFAB_ERROR(SUBSYS,
+			   "rank %d: %s %" PRIu64 ": rank %d sends %" PRId64
+			   " elements to this rank and expects %" PRId64
+			   " from it, where this rank expects %" PRId64 " and sends %" PRId64
+			   " (rank i's send_counts[j] must be rank j's recv_counts[i])",
+			   c->w->rank, c->what, c->seq, op->rank, g[0], g[1], want[0], want[1]);
+	}
+	return -EINVAL;
+}
+
+/* counts, or count / size each where counts is NULL, into n (size entries); -EINVAL said. */
+static int counts_of(struct tfab_world *w, const char *name, const size_t *counts, size_t count,
+		     size_t *n)
+{
+	size_t sum = 0;
+
+	for (int k = 0; k < w->size; k++) {
+		n[k] = counts ? counts[k] : count / (size_t)w->size;
+		if (n[k] > INT64_MAX || sum + n[k] < sum) {
+			TFAB_ERROR(SUBSYS, "alltoallv: %s[%d] is %zu: too many", name, k, n[k]);
+			return -EINVAL;
+		}
+		sum += n[k];
+	}
+	if (sum != count) {
+		TFAB_ERROR(SUBSYS,
+			   "alltoallv: %s add up to %zu elements, where its tensor has %zu%s", name,
+			   sum, count, counts ? "" : " (NULL: the world's size must divide it)");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/*
+ * The all-to-all: this rank's piece for rank k (send counts, in rank order in `in`) goes
+ * straight to k, and k's for this rank into out (receive counts, in rank order). Each pair
+ * first trades its counts (tag 'v', ACT_CHECK): the data of a pair (tag 'V') waits for that
+ * check and goes only if it passed, so that counts that differ fail the collective on both
+ * ends, with what differs said, and no byte lands where it should not.
+ */
+static int alltoallv_host(struct tfab_world *w, const DLTensor *in, const size_t *send_counts,
+			  DLTensor *out, const size_t *recv_counts, tfab_coll_cb cb, void *arg)
+{
+	char a[TFAB_DTYPE_NAME_MAX], b[TFAB_DTYPE_NAME_MAX];
+	size_t *sn = NULL, *rn, inb, onb, es, soff = 0, roff = 0;
+	uint8_t *ib, *ob;
+	uint32_t nops = 0, i = 0;
+	struct tfab_coll *c = NULL;
+	int rc = check_world(w, cb), r, N;
+
+	if (rc == 0)
+		rc = in_out_bytes(in, out, &ib, &inb, &ob, &onb);
+	if (rc) {
+		TFAB_ERROR(SUBSYS, "alltoallv: a bad argument (a world, a callback, and CPU or GPU "
+				   "tensors of row-major layout)");
+		return rc;
+	}
+	N = w->size;
+	r = w->rank;
+	es = ((size_t)in->dtype.bits * in->dtype.lanes) / 8;
+	if (in->dtype.code != out->dtype.code || in->dtype.bits != out->dtype.bits ||
+	    in->dtype.lanes != out->dtype.lanes || es == 0 ||
+	    ((size_t)in->dtype.bits * in->dtype.lanes) % 8) {
+		TFAB_ERROR(SUBSYS,
+			   "alltoallv: in is %s and out %s: both must be of one dtype, of "
+			   "whole bytes",
+			   tfab_dtype_name(in->dtype, a, sizeof(a)),
+			   tfab_dtype_name(out->dtype, b, sizeof(b)));
+		return -EINVAL;
+	}
+	if (overlap(ib, inb, ob, onb)) {
+		TFAB_ERROR(SUBSYS, "alltoallv: in and out overlap");
+		return -EINVAL;
+	}
+	sn = calloc(2 * (size_t)N, sizeof(*sn));
+	if (!sn)
+		return -ENOMEM;
+	rn = sn + N;
+	rc = counts_of(w, "send_counts", send_counts, inb / es, sn);
+	if (rc == 0)
+		rc = counts_of(w, "recv_counts", recv_counts, onb / es, rn);
+	if (rc == 0 && sn[r] != rn[r]) {
+		TFAB_ERROR(SUBSYS,
+			   "alltoallv: rank %d sends %zu elements to itself and receives %zu: "
+			   "send_counts[rank] must be recv_counts[rank]",
+			   r, sn[r], rn[r]);
+		rc = -EINVAL;
+	}
+	if (rc)
+		goto out;
+	for (int k = 0; k < N; k++) {
+		if (k != r)
+			nops += 2 + (sn[k] > 0) + (rn[k] > 0);
+	}
+	rc = -ENOMEM;
+	c = coll_new(w, "alltoallv", nops, cb, arg);
+	if (!c)
+		goto out;
+	c->words = calloc(2 * CHECK_WORDS * (size_t)N, sizeof(*c->words));
+	if (!c->words)
+		goto out;
+	c->esize = es;
+	c->in = ib;
+	c->out = ob;
+	c->nbytes = inb;
+	for (int k = 0; k < N; k++) {
+		int64_t *mine = c->words + 2 * CHECK_WORDS * (size_t)k,
+			*theirs = mine + CHECK_WORDS;
+		uint32_t check;
+		struct coll_op *op;
+
+		if (k == r) {
+			memmove(ob + roff * es, ib + soff * es, sn[k] * es);
+		} else {
+			mine[0] = (int64_t)sn[k];
+			mine[1] = (int64_t)rn[k];
+			theirs[0] = (int64_t)rn[k];
+			theirs[1] = (int64_t)sn[k];
+			mine[2] = theirs[2] = dtype_word(in->dtype);
+			op_set(c, i++, OP_SEND, k, 'v', 0, 0, (uint8_t *)mine, sizeof(*mine) * 3);
+			check = i++;
+			op = op_set(c, check, OP_RECV_POOL, k, 'v', 0, 0, NULL, sizeof(*mine) * 3);
+			op->act = ACT_CHECK;
+			op->local = (const uint8_t *)theirs;
+			if (sn[k]) {
+				op =
+				    op_set(c, i, OP_SEND, k, 'V', 0, 0, ib + soff * es, sn[k] * es);
+				op->gated = true;
+				op_after(c, check, i++);
+			}
+			if (rn[k]) {
+				op = op_set(c, i, OP_RECV_INTO, k, 'V', 0, 0, ob + roff * es,
+					    rn[k] * es);
+				op->gated = true;
+				op_after(c, check, i++);
+			}
+		}
+		soff += sn[k];
+		roff += rn[k];
+	}
+	coll_start(c);
+	c = NULL;
+	rc = 0;
+out:
+	if (c)
+		coll_free(c);
+	free(sn);
+	return rc;
+}
+
+int tfab_alltoallv(struct tfab_world *w, const DLTensor *in, const size_t *send_counts,
+		   DLTensor *out, const size_t *recv_counts, tfab_coll_cb cb, void *arg)
+{
+	struct tfab_coll_gpu *g;
+	int rc = tfab__coll_gpu_open(w, &in, &out, &cb, &arg, &g);
+
+	return rc ? rc
+		  : tfab__coll_gpu_started(
+			g, alltoallv_host(w, in, send_counts, out, recv_counts, cb, arg));
 }
 
 /* The engine's hooks (tfab_coll_hooks): under the context's lock, then coll_lock. */

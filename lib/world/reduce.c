@@ -21,10 +21,22 @@ int tfab__rtype_of(DLDataType dt, enum tfab_rtype *rt_p)
 		*rt_p = TFAB_RT_F16;
 	else if (dt.code == kDLBfloat && dt.bits == 16)
 		*rt_p = TFAB_RT_BF16;
+	else if (dt.code == kDLInt && dt.bits == 8)
+		*rt_p = TFAB_RT_I8;
+	else if (dt.code == kDLInt && dt.bits == 16)
+		*rt_p = TFAB_RT_I16;
 	else if (dt.code == kDLInt && dt.bits == 32)
 		*rt_p = TFAB_RT_I32;
 	else if (dt.code == kDLInt && dt.bits == 64)
 		*rt_p = TFAB_RT_I64;
+	else if (dt.code == kDLUInt && dt.bits == 8)
+		*rt_p = TFAB_RT_U8;
+	else if (dt.code == kDLUInt && dt.bits == 16)
+		*rt_p = TFAB_RT_U16;
+	else if (dt.code == kDLUInt && dt.bits == 32)
+		*rt_p = TFAB_RT_U32;
+	else if (dt.code == kDLUInt && dt.bits == 64)
+		*rt_p = TFAB_RT_U64;
 	else
 		return -EINVAL;
 	return 0;
@@ -35,10 +47,16 @@ size_t tfab__rtype_size(enum tfab_rtype rt)
 	switch (rt) {
 	case TFAB_RT_F64:
 	case TFAB_RT_I64:
+	case TFAB_RT_U64:
 		return 8;
 	case TFAB_RT_F16:
 	case TFAB_RT_BF16:
+	case TFAB_RT_I16:
+	case TFAB_RT_U16:
 		return 2;
+	case TFAB_RT_I8:
+	case TFAB_RT_U8:
+		return 1;
 	default:
 		return 4;
 	}
@@ -107,6 +125,9 @@ uint16_t tfab__f32_to_bf16(float f)
 }
 
 #define OP_SUM(x, y) ((x) + (y))
+#define OP_PROD(x, y) ((x) * (y))
+/* An integer product in uint32_t at least: uint8 and uint16 would multiply as int, and overflow. */
+#define OP_PROD32(x, y) ((uint32_t)(x) * (uint32_t)(y))
 #define OP_MIN(x, y) ((y) < (x) ? (y) : (x))
 #define OP_MAX(x, y) ((y) > (x) ? (y) : (x))
 
@@ -128,19 +149,45 @@ uint16_t tfab__f32_to_bf16(float f)
 			o[i] = FROM32(OP(TO32(x[i]), TO32(y[i]))); \
 	} while (0)
 
-#define REDUCE_BY_OP(MACRO, ...)                    \
-	do {                                        \
-		switch (op) {                       \
-		case TFAB_OP_MIN:                   \
-			MACRO(__VA_ARGS__, OP_MIN); \
-			break;                      \
-		case TFAB_OP_MAX:                   \
-			MACRO(__VA_ARGS__, OP_MAX); \
-			break;                      \
-		default:                            \
-			MACRO(__VA_ARGS__, OP_SUM); \
-			break;                      \
-		}                                   \
+#define REDUCE_BY_OP(MACRO, ...)                     \
+	do {                                         \
+		switch (op) {                        \
+		case TFAB_OP_MIN:                    \
+			MACRO(__VA_ARGS__, OP_MIN);  \
+			break;                       \
+		case TFAB_OP_MAX:                    \
+			MACRO(__VA_ARGS__, OP_MAX);  \
+			break;                       \
+		case TFAB_OP_PROD:                   \
+			MACRO(__VA_ARGS__, OP_PROD); \
+			break;                       \
+		default:                             \
+			MACRO(__VA_ARGS__, OP_SUM);  \
+			break;                       \
+		}                                    \
+	} while (0)
+
+/*
+ * An integer type T (UT: its unsigned twin): sums and products wrap, computed in UT (no
+ * undefined overflow; the same low bits as a wider signed computation truncated, which is
+ * what torch and gloo give), PROD with the product macro PM; MIN and MAX compare as T.
+ */
+#define REDUCE_INT(T, UT, PM)                     \
+	do {                                      \
+		switch (op) {                     \
+		case TFAB_OP_MIN:                 \
+			REDUCE_PLAIN(T, OP_MIN);  \
+			break;                    \
+		case TFAB_OP_MAX:                 \
+			REDUCE_PLAIN(T, OP_MAX);  \
+			break;                    \
+		case TFAB_OP_PROD:                \
+			REDUCE_PLAIN(UT, PM);     \
+			break;                    \
+		default:                          \
+			REDUCE_PLAIN(UT, OP_SUM); \
+			break;                    \
+		}                                 \
 	} while (0)
 
 void tfab__reduce(enum tfab_op op, enum tfab_rtype rt, void *out, const void *a, const void *b,
@@ -153,18 +200,29 @@ void tfab__reduce(enum tfab_op op, enum tfab_rtype rt, void *out, const void *a,
 	case TFAB_RT_F64:
 		REDUCE_BY_OP(REDUCE_PLAIN, double);
 		break;
+	case TFAB_RT_I8:
+		REDUCE_INT(int8_t, uint8_t, OP_PROD32);
+		break;
+	case TFAB_RT_U8:
+		REDUCE_INT(uint8_t, uint8_t, OP_PROD32);
+		break;
+	case TFAB_RT_I16:
+		REDUCE_INT(int16_t, uint16_t, OP_PROD32);
+		break;
+	case TFAB_RT_U16:
+		REDUCE_INT(uint16_t, uint16_t, OP_PROD32);
+		break;
 	case TFAB_RT_I32:
-		/* int32 sums wrap as the hardware does (computed unsigned: no undefined overflow) */
-		if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
-			REDUCE_PLAIN(uint32_t, OP_SUM);
-		else
-			REDUCE_BY_OP(REDUCE_PLAIN, int32_t);
+		REDUCE_INT(int32_t, uint32_t, OP_PROD32);
+		break;
+	case TFAB_RT_U32:
+		REDUCE_INT(uint32_t, uint32_t, OP_PROD32);
 		break;
 	case TFAB_RT_I64:
-		if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
-			REDUCE_PLAIN(uint64_t, OP_SUM);
-		else
-			REDUCE_BY_OP(REDUCE_PLAIN, int64_t);
+		REDUCE_INT(int64_t, uint64_t, OP_PROD);
+		break;
+	case TFAB_RT_U64:
+		REDUCE_INT(uint64_t, uint64_t, OP_PROD);
 		break;
 	case TFAB_RT_F16:
 		REDUCE_BY_OP(REDUCE_16, tfab__f16_to_f32, tfab__f32_to_f16);
@@ -175,37 +233,47 @@ void tfab__reduce(enum tfab_op op, enum tfab_rtype rt, void *out, const void *a,
 	}
 }
 
+/* x[i] /= d over n values of T (integers: toward zero; the narrow ones divide as int). */
+#define DIV_PLAIN(T)                           \
+	do {                                   \
+		T *v = x;                      \
+		for (size_t i = 0; i < n; i++) \
+			v[i] /= d;             \
+	} while (0)
+
 void tfab__reduce_div(enum tfab_rtype rt, void *x, size_t n, int d)
 {
 	switch (rt) {
-	case TFAB_RT_F32: {
-		float *v = x;
-
-		for (size_t i = 0; i < n; i++)
-			v[i] /= (float)d;
+	case TFAB_RT_F32:
+		DIV_PLAIN(float);
 		break;
-	}
-	case TFAB_RT_F64: {
-		double *v = x;
-
-		for (size_t i = 0; i < n; i++)
-			v[i] /= (double)d;
+	case TFAB_RT_F64:
+		DIV_PLAIN(double);
 		break;
-	}
-	case TFAB_RT_I32: {
-		int32_t *v = x;
-
-		for (size_t i = 0; i < n; i++)
-			v[i] /= d;
+	case TFAB_RT_I8:
+		DIV_PLAIN(int8_t);
 		break;
-	}
-	case TFAB_RT_I64: {
-		int64_t *v = x;
-
-		for (size_t i = 0; i < n; i++)
-			v[i] /= d;
+	case TFAB_RT_U8:
+		DIV_PLAIN(uint8_t);
 		break;
-	}
+	case TFAB_RT_I16:
+		DIV_PLAIN(int16_t);
+		break;
+	case TFAB_RT_U16:
+		DIV_PLAIN(uint16_t);
+		break;
+	case TFAB_RT_I32:
+		DIV_PLAIN(int32_t);
+		break;
+	case TFAB_RT_U32:
+		DIV_PLAIN(uint32_t);
+		break;
+	case TFAB_RT_I64:
+		DIV_PLAIN(int64_t);
+		break;
+	case TFAB_RT_U64:
+		DIV_PLAIN(uint64_t);
+		break;
 	case TFAB_RT_F16: {
 		uint16_t *v = x;
 

@@ -21,6 +21,12 @@ enum tfab_rtype {
 	TFAB_RT_BF16,
 	TFAB_RT_I32,
 	TFAB_RT_I64,
+	TFAB_RT_I8,
+	TFAB_RT_U8,
+	TFAB_RT_I16,
+	TFAB_RT_U16,
+	TFAB_RT_U32,
+	TFAB_RT_U64,
 };
 
 /* The reduction type of a DLPack dtype: 0, or -EINVAL for one the collectives do not reduce. */
@@ -30,7 +36,8 @@ size_t tfab__rtype_size(enum tfab_rtype rt);
 /*
  * out[i] = a[i] op b[i] for n elements, a first (the order matters for floats). out may be a
  * or b. TFAB_OP_AVG sums: the division comes once, at the end (tfab__reduce_div). fp16 and
- * bf16 are computed in fp32 and rounded once per call.
+ * bf16 are computed in fp32 and rounded once per call. Integer sums and products wrap: the
+ * low bits of the exact result, as a wider computation truncated gives them (torch's, gloo's).
  */
 void tfab__reduce(enum tfab_op op, enum tfab_rtype rt, void *out, const void *a, const void *b,
 		  size_t n);

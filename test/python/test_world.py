@@ -41,6 +41,13 @@ def test_broadcast_allgather_reduce_scatter_barrier(n):
     assert first_out >= last_in - 0.01, times
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_gather_scatter_alltoall(n):
+    pytest.importorskip("torch")
+    checked = run_world(n, worlds.rooted_and_alltoall, 91 * n)
+    assert checked == [39 * n + 9] * n, checked  # every case, on every rank
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_many_collectives_in_flight(n):
     assert run_world(n, worlds.many_in_flight, 5, 4) == [4] * n
@@ -202,14 +209,36 @@ def test_world_of_one_lifetimes_and_refusals():
 def test_dtype_refusals_name_the_dtypes():
     """A collective refused for its dtype names the dtypes as users write them."""
     with tfabtest.context() as ctx, tfab.World(ctx, rank=0, size=1) as w:
-        with pytest.raises(TypeError, match="not int8$"):
-            w.allreduce(np.zeros(4, np.int8))
+        with pytest.raises(TypeError, match="not complex64$"):
+            w.allreduce(np.zeros(4, np.complex64))
         with pytest.raises(TypeError, match="not bool$"):
             w.allreduce(np.zeros(4, np.bool_))
         with pytest.raises(TypeError, match="out= is float64, its input float32"):
             w.allreduce(np.zeros(4, np.float32), out=np.zeros(4, np.float64))
         with pytest.raises(TypeError, match="out= is int32, its input int64"):
             w.reduce_scatter(np.zeros(4, np.int64), np.zeros(4, np.int32))
+
+
+def test_world_of_one_new_collectives():
+    """reduce, gather, scatter and alltoall on a world of one: their results, in place and
+    not, and the tensors let go once the future completes."""
+    with tfabtest.context() as ctx, tfab.World(ctx, rank=0, size=1) as w:
+        a = np.array([3, -128, 127], np.int8)
+        assert w.reduce(a, op="prod").result(5) is a and a.tolist() == [3, -128, 127]
+        out = np.zeros(3, np.int8)
+        assert w.reduce(a, out=out, op="avg").result(5) is out and out.tolist() == a.tolist()
+        g = w.gather(np.arange(3, dtype=np.uint8)).result(5)
+        assert g.shape == (1, 3) and g.tolist() == [[0, 1, 2]]
+        part = np.zeros(2, np.float64)
+        assert w.scatter(np.array([1.5, 2.5]), part).result(5) is part
+        assert part.tolist() == [1.5, 2.5]
+        b = np.zeros(4, np.int16)
+        ref = weakref.ref(b)
+        assert w.alltoall(np.arange(4, dtype=np.int16), b).result(5) is b
+        assert b.tolist() == [0, 1, 2, 3]
+        del b
+        gc.collect()
+        assert ref() is None and w._w.inflight == 0
 
 
 def test_world_of_one_read_only_destinations():
@@ -235,8 +264,25 @@ def test_world_of_one_bad_arguments_named():
         with pytest.raises(ValueError, match="timeout must be a number >= 0 .* got nan"):
             tfab.World(ctx, rank=0, size=1, timeout=float("nan"))
         with tfab.World(ctx, rank=0, size=1) as w:
-            with pytest.raises(TypeError, match="int64 tensors, not int8"):
-                w.allreduce(np.ones(4, np.int8))
+            with pytest.raises(TypeError, match=r"uint64\) tensors, not complex64"):
+                w.allreduce(np.ones(4, np.complex64))
+            with pytest.raises(ValueError, match="op is one of"):
+                w.allreduce(np.ones(4, np.int8), op="xor")
+            with pytest.raises(ValueError, match="no root 1 in a world of 1"):
+                w.reduce(np.ones(4, np.int8), root=1)
+            with pytest.raises(TypeError, match="not bool$"):
+                w.reduce(np.ones(4, np.bool_))
+            with pytest.raises(ValueError, match="gather's out holds the world's size"):
+                w.gather(np.ones(4, np.int32), out=np.ones(3, np.int32))
+            with pytest.raises(ValueError, match="scatter's root needs"):
+                w.scatter(None, np.ones(4, np.int32))
+            with pytest.raises(ValueError, match="send_counts has 2 entries, not 1"):
+                w.alltoall(np.ones(4, np.int32), np.ones(4, np.int32), [2, 2], None)
+            with pytest.raises(ValueError, match="counts are >= 0"):
+                w.alltoall(np.ones(4, np.int32), np.ones(4, np.int32), [-4], None)
+            with pytest.raises(tfab.Error, match="EINVAL"):  # counts that do not add up
+                w.alltoall(np.ones(4, np.int32), np.ones(4, np.int32), [3], [3])
+            assert w._w.inflight == 0
             with pytest.raises(TypeError, match="allreduce's out= is int32, its input float32"):
                 w.allreduce(np.ones(4, np.float32), out=np.ones(4, np.int32))
             with pytest.raises(TypeError, match="allgather's out= is float64, its input int32"):

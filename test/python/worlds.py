@@ -47,6 +47,10 @@ def np_input(dtype, count, rank, seed):
         return rng.integers(-2 ** 50, 2 ** 50, count).astype(np.int64)
     if dtype == "bool":
         return rng.integers(0, 2, count).astype(bool)
+    if np.dtype(dtype).kind in "iu":  # every value of the narrow ones, wide ones' low bits
+        info = np.iinfo(dtype)
+        lo, hi = max(info.min, -2 ** 40), min(info.max, 2 ** 40)
+        return rng.integers(lo, hi, count, endpoint=True).astype(dtype)
     # floats of several magnitudes: a sum in another order differs in its last bits
     a = rng.standard_normal(count) * 10.0 ** rng.integers(-2, 3, count)
     return a.astype(dtype)
@@ -67,6 +71,8 @@ class NpArith:
             return NpArith.op(op, a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
         if op in ("sum", "avg"):
             return a + b  # integers wrap, as the library's do
+        if op == "prod":
+            return a * b
         if op == "min":
             return np.where(b < a, b, a)
         return np.where(b > a, b, a)
@@ -77,8 +83,11 @@ class NpArith:
             return (a.astype(np.float32) / np.float32(n)).astype(np.float16)
         if a.dtype.kind == "f":
             return a / a.dtype.type(n)
-        q = np.abs(a) // n  # toward zero
-        return np.where(a < 0, -q, q).astype(a.dtype)
+        if a.dtype.kind == "u":
+            return a // a.dtype.type(n)
+        w = a.astype(np.int64)  # abs(-128) is no int8
+        q = np.abs(w) // n  # toward zero
+        return np.where(w < 0, -q, q).astype(a.dtype)
 
 
 class TorchArith:
@@ -89,6 +98,8 @@ class TorchArith:
             return TorchArith.op(op, a.float(), b.float()).to(a.dtype)
         if op in ("sum", "avg"):
             return a + b
+        if op == "prod":
+            return a * b
         if op == "min":
             return torch.where(b < a, b, a)
         return torch.where(b > a, b, a)
@@ -286,6 +297,108 @@ def other_collectives(w, seed):
     return entered, time.time()
 
 
+def rooted_and_alltoall(w, seed):
+    """reduce (every op; int8, uint8, uint16, float32, float16 and torch's uint8 and bfloat16)
+    to every root, in place and into out=; gather and scatter from every root; alltoall with
+    uneven counts (some empty), equal ones (None), a torch tensor, and counts that differ
+    between ranks 0 and 1 (both fail, EINVAL; the next one is right). Each result against
+    the reference. Returns the cases checked."""
+    import errno
+    import torch
+    import tfab
+    n, r = w.size, w.rank
+    checked = 0
+    ops = OPS + ["prod"]
+    for root in range(n):
+        for i, dtype in enumerate(["int8", "uint8", "uint16", "float32", "float16"]):
+            for op in ops:
+                count = (1, 1000, 30000)[(i + len(op)) % 3]
+                xs = [np_input(dtype, count, k, seed + i) for k in range(n)]
+                mine = xs[r].copy()
+                out = np.full_like(mine, 7) if op in ("sum", "prod") else None
+                got = w.reduce(mine, out=out, op=op, root=root).result(60)
+                case = ("reduce", dtype, op, count, root)
+                if r != root:
+                    assert got is None and same_bits(mine, xs[r]), case
+                    assert out is None or (out == 7).all(), case  # not written off the root
+                else:
+                    want = fold(NpArith, op, xs)
+                    want = NpArith.div(want, n) if op == "avg" else want
+                    assert got is (mine if out is None else out), case
+                    assert same_bits(got, want), (case, describe(got, want))
+                checked += 1
+        for dtype in ("uint8", "bfloat16"):
+            xs = [torch.from_numpy(np_input("uint8", 500, k, seed)) if dtype == "uint8" else
+                  torch_input(dtype, 500, k, seed) for k in range(n)]
+            mine = xs[r].clone()
+            got = w.reduce(mine, op="prod" if dtype == "uint8" else "sum", root=root).result(60)
+            if r == root:
+                want = fold(TorchArith, "prod" if dtype == "uint8" else "sum", xs)
+                assert got is mine and _torch_same(got, want), ("reduce torch", dtype, root)
+            checked += 1
+        # gather and scatter: float64 and bool (any dtype), out made on the root
+        for count in SIZES:
+            for dtype in ("float64", "bool"):
+                xs = [np_input(dtype, count, k, seed + root) for k in range(n)]
+                got = w.gather(xs[r].copy(), root=root).result(60)
+                if r == root:
+                    assert got.shape == (n, count) and same_bits(got, np.stack(xs)), \
+                        ("gather", dtype, count, root)
+                else:
+                    assert got is None
+                whole = np.concatenate(xs) if r == root else None
+                part = np.zeros(count, dtype)
+                assert w.scatter(whole, part, root=root).result(60) is part
+                assert same_bits(part, xs[r]), ("scatter", dtype, count, root)
+                checked += 2
+
+    def sends(frm, to, v):
+        return ((frm * 7 + to * 3 + v) % 5) * (1, 300, 20000)[v]
+
+    for v in range(3):
+        for dtype in ("int32", "float16"):
+            sc = [sends(r, k, v) for k in range(n)]
+            rc = [sends(k, r, v) for k in range(n)]
+            pieces = [np_input(dtype, sends(k, j, v), 1000 * k + j, seed) for k in range(n)
+                      for j in range(n)]  # rank k's for rank j at k * n + j
+            x = np.concatenate([pieces[r * n + j] for j in range(n)])
+            out = np.zeros(sum(rc), dtype)
+            assert w.alltoall(x, out, sc, rc).result(60) is out
+            want = np.concatenate([pieces[k * n + r] for k in range(n)])
+            assert same_bits(out, want), ("alltoall", v, dtype, describe(out, want))
+            checked += 1
+    # equal pieces (None), torch
+    x = torch.arange(4 * n, dtype=torch.int64) + 100 * r
+    out = torch.zeros(4 * n, dtype=torch.int64)
+    assert w.alltoall(x, out).result(60) is out
+    want = torch.cat([torch.arange(4 * r, 4 * r + 4) + 100 * k for k in range(n)])
+    assert torch.equal(out, want), (out, want)
+    checked += 1
+    # counts that differ: rank 0 sends rank 1 one element more than rank 1 expects
+    sc = [3] * n
+    rc = [3] * n
+    if r == 0:
+        sc[1] = 4
+    x = np.arange(sum(sc), dtype=np.int32)
+    out = np.full(sum(rc), -1, np.int32)
+    try:
+        w.alltoall(x, out, sc, rc).result(60)
+        failed = None
+    except tfab.Error as e:
+        failed = e
+    if r <= 1:
+        assert failed is not None and abs(failed.status) == errno.EINVAL, failed
+    else:
+        assert failed is None or isinstance(failed, tfab.PeerFailedError), failed
+    if r == 1:
+        assert (out[:3] == -1).all(), out  # nothing from rank 0
+    out = np.zeros(3 * n, np.int32)
+    x = np.arange(3 * n, dtype=np.int32) + 10 * r
+    assert w.alltoall(x, out, [3] * n, [3] * n).result(60) is out
+    assert out.tolist() == [10 * k + 3 * r + i for k in range(n) for i in range(3)], out
+    return checked + 2
+
+
 def many_in_flight(w, seed, rounds):
     """Collectives of several kinds and sizes started together, waited for in another order
     (the last first), then w.wait() for a second batch: every result right."""
@@ -390,8 +503,10 @@ def names_and_peers(w):
     paths = [w.peer(k).path for k in range(n) if k != r]
     # Wrong arguments are refused before the library is called, on every rank alike.
     x = np.zeros(4, np.float32)
-    for call, exc in ((lambda: w.allreduce(x, op="prod"), ValueError),
-                      (lambda: w.allreduce(np.zeros(4, np.uint8)), TypeError),
+    for call, exc in ((lambda: w.allreduce(x, op="xor"), ValueError),
+                      (lambda: w.allreduce(np.zeros(4, np.complex64)), TypeError),
+                      (lambda: w.reduce(x, root=n), ValueError),
+                      (lambda: w.alltoall(x, np.zeros(4, np.float32), [4] + [0] * n), ValueError),
                       (lambda: w.allreduce(x, out=np.zeros(4, np.float64)), TypeError),
                       (lambda: w.allreduce(x, out=np.zeros(5, np.float32)), ValueError),
                       (lambda: w.allreduce(np.zeros((4, 4), np.float32)[:, 1]), ValueError),

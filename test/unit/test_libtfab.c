@@ -75,7 +75,9 @@ static void test_exports(void **state)
 	    "tfab_log_get_level",  "tfab_log_level_name",
 	    "tfab_setting_count",  "tfab_setting_get",
 	    "tfab_settings_check", "tfab_context_create_with",
-	    "tfab_dtype_name",
+	    "tfab_dtype_name",	   "tfab_reduce",
+	    "tfab_gather",	   "tfab_scatter",
+	    "tfab_alltoallv",
 	};
 	static const char *const internal[] = {
 	    "tfab__config_init",  "tfab__config_set",	 "tfab__config_table",

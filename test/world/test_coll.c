@@ -38,7 +38,7 @@
 
 #define WAIT_MS 60000
 
-enum kind { K_F32, K_F64, K_F16, K_BF16, K_I32, K_I64 };
+enum kind { K_F32, K_F64, K_F16, K_BF16, K_INT };
 
 struct dtype {
 	const char *name;
@@ -50,11 +50,15 @@ struct dtype {
 static const struct dtype DTYPES[] = {
     {"float32", K_F32, {kDLFloat, 32, 1}, 4}, {"float64", K_F64, {kDLFloat, 64, 1}, 8},
     {"float16", K_F16, {kDLFloat, 16, 1}, 2}, {"bfloat16", K_BF16, {kDLBfloat, 16, 1}, 2},
-    {"int32", K_I32, {kDLInt, 32, 1}, 4},     {"int64", K_I64, {kDLInt, 64, 1}, 8},
+    {"int32", K_INT, {kDLInt, 32, 1}, 4},     {"int64", K_INT, {kDLInt, 64, 1}, 8},
+    {"int8", K_INT, {kDLInt, 8, 1}, 1},	      {"uint8", K_INT, {kDLUInt, 8, 1}, 1},
+    {"int16", K_INT, {kDLInt, 16, 1}, 2},     {"uint16", K_INT, {kDLUInt, 16, 1}, 2},
+    {"uint32", K_INT, {kDLUInt, 32, 1}, 4},   {"uint64", K_INT, {kDLUInt, 64, 1}, 8},
 };
 #define NDTYPES (sizeof(DTYPES) / sizeof(DTYPES[0]))
 
-static const char *const OP_NAMES[] = {"sum", "avg", "min", "max"};
+static const char *const OP_NAMES[] = {"sum", "avg", "min", "max", "prod"};
+#define NOPS 5
 
 static uint64_t now_ms(void)
 {
@@ -110,7 +114,9 @@ static uint16_t f16_of(float f)
 static float f16_value(uint16_t h)
 {
 	int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-	double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+	double v = e == 31  ? (m ? NAN : INFINITY) /* a product can overflow */
+		   : e == 0 ? ldexp(m, -24)
+			    : ldexp(1024 + m, e - 25);
 
 	return (float)(h & 0x8000u ? -v : v);
 }
@@ -151,20 +157,43 @@ static void fill(const struct dtype *d, void *buf, int r, size_t start, size_t c
 		case K_BF16:
 			((uint16_t *)buf)[j] = bf16_of((float)value(r, i));
 			break;
-		case K_I32:
-			((int32_t *)buf)[j] = (int32_t)(ivalue(r, i) * 100003);
+		case K_INT: {
+			/* 32 and 64 bits: spread over their range; narrower ones wrap ivalue */
+			uint64_t v = (uint64_t)ivalue(r, i);
+
+			if (d->size == 4)
+				v *= 100003u;
+			else if (d->size == 8)
+				v = (v << 40) + (uint64_t)r;
+			memcpy((char *)buf + j * d->size, &v, d->size); /* the low bytes */
 			break;
-		case K_I64:
-			((int64_t *)buf)[j] = ivalue(r, i) * ((int64_t)1 << 40) + r;
-			break;
+		}
 		}
 	}
 }
 
-#define FOLD(acc, x, op)                                     \
-	((op) == TFAB_OP_MIN   ? ((x) < (acc) ? (x) : (acc)) \
-	 : (op) == TFAB_OP_MAX ? ((x) > (acc) ? (x) : (acc)) \
-			       : (acc) + (x))
+/* v truncated to d's width and extended as d's sign says: what d holds, in 64 bits. */
+static uint64_t int_wrap(const struct dtype *d, uint64_t v)
+{
+	unsigned bits = d->dl.bits;
+	uint64_t mask = bits == 64 ? ~(uint64_t)0 : ((uint64_t)1 << bits) - 1;
+
+	v &= mask;
+	if (d->dl.code == kDLInt && (v >> (bits - 1)) & 1)
+		v |= ~mask;
+	return v;
+}
+
+static bool int_less(const struct dtype *d, uint64_t a, uint64_t b)
+{
+	return d->dl.code == kDLInt ? (int64_t)a < (int64_t)b : a < b;
+}
+
+#define FOLD(acc, x, op)                                      \
+	((op) == TFAB_OP_MIN	? ((x) < (acc) ? (x) : (acc)) \
+	 : (op) == TFAB_OP_MAX	? ((x) > (acc) ? (x) : (acc)) \
+	 : (op) == TFAB_OP_PROD ? (acc) * (x)                 \
+				: (acc) + (x))
 
 /*
  * Element i of the reduction of every rank's tensor (element i of each, as fill makes it),
@@ -223,36 +252,28 @@ static void reduce_one(const struct dtype *d, enum tfab_op op, int n, int first,
 		    op == TFAB_OP_AVG ? bf16_of(bf16_value(acc) / (float)n) : acc;
 		break;
 	}
-	case K_I32: {
-		int32_t acc = 0;
+	case K_INT: {
+		/* in 64 bits, truncated to the width after each step */
+		uint64_t acc = 0;
 
 		for (int k = 0; k < n; k++) {
-			int32_t v;
+			uint64_t v = 0;
 
-			fill(d, x, (first + k) % n, i, 1);
-			v = *(int32_t *)x;
-			if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
-				acc = (int32_t)((uint32_t)acc + (uint32_t)v);
+			fill(d, &v, (first + k) % n, i, 1);
+			v = int_wrap(d, v);
+			if (k == 0)
+				acc = v;
+			else if (op == TFAB_OP_MIN)
+				acc = int_less(d, v, acc) ? v : acc;
+			else if (op == TFAB_OP_MAX)
+				acc = int_less(d, acc, v) ? v : acc;
 			else
-				acc = k == 0 ? v : FOLD(acc, v, op);
+				acc = int_wrap(d, op == TFAB_OP_PROD ? acc * v : acc + v);
 		}
-		((int32_t *)out)[j] = op == TFAB_OP_AVG ? acc / n : acc;
-		break;
-	}
-	case K_I64: {
-		int64_t acc = 0;
-
-		for (int k = 0; k < n; k++) {
-			int64_t v;
-
-			fill(d, x, (first + k) % n, i, 1);
-			v = *(int64_t *)x;
-			if (op == TFAB_OP_SUM || op == TFAB_OP_AVG)
-				acc = (int64_t)((uint64_t)acc + (uint64_t)v);
-			else
-				acc = k == 0 ? v : FOLD(acc, v, op);
-		}
-		((int64_t *)out)[j] = op == TFAB_OP_AVG ? acc / n : acc;
+		if (op == TFAB_OP_AVG)
+			acc = int_wrap(d, d->dl.code == kDLInt ? (uint64_t)((int64_t)acc / n)
+							       : acc / (uint64_t)n);
+		memcpy((char *)out + j * d->size, &acc, d->size);
 		break;
 	}
 	}
@@ -343,12 +364,12 @@ struct case_ar {
 static int allreduce_dtype(struct tfab_world *w, const struct dtype *d)
 {
 	static const size_t counts[] = {1, 5, 1031, 70001};
-	enum { NC = 4 * 2 * (sizeof(counts) / sizeof(counts[0])) };
+	enum { NC = NOPS * 2 * (sizeof(counts) / sizeof(counts[0])) };
 	struct case_ar cs[NC];
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, ncase = 0;
 	atomic_int order = 0;
 
-	for (int op = 0; op < 4; op++) {
+	for (int op = 0; op < NOPS; op++) {
 		for (int a = 1; a <= 2; a++) {
 			for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
 				struct case_ar *c = &cs[ncase++];
@@ -554,7 +575,7 @@ static uint8_t byte_of(int r, size_t i)
 static int broadcast(struct tfab_world *w)
 {
 	static const size_t sizes[] = {1, 100, 300001};
-	const struct dtype u8 = {"uint8", K_I32, {kDLUInt, 8, 1}, 1};
+	const struct dtype u8 = {"uint8", K_INT, {kDLUInt, 8, 1}, 1};
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
 
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
@@ -633,12 +654,12 @@ static int allgather(struct tfab_world *w)
 static int reduce_scatter(struct tfab_world *w)
 {
 	static const size_t counts[] = {1, 777, 40000};
-	static const int dts[] = {0, 5, 2};
+	static const int dts[] = {0, 5, 2, 7};
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
 
 	for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
-		for (int di = 0; di < 3; di++) {
-			for (int op = 0; op < 4; op += 1 + di) {
+		for (int di = 0; di < 4; di++) {
+			for (int op = 0; op < NOPS; op += 1 + di % 3) {
 				const struct dtype *d = &DTYPES[dts[di]];
 				size_t m = counts[ci];
 				int64_t sin = (int64_t)m * n, sout = (int64_t)m;
@@ -675,6 +696,294 @@ static int reduce_scatter(struct tfab_world *w)
 			}
 		}
 	}
+	return bad;
+}
+
+/*
+ * Reduce to a root: every dtype of five and every operation, all in flight at once, roots
+ * and sizes varied, in place on the root or not; out NULL off the root, or one the library
+ * must leave alone. Folded in rank order: the direct allreduce's reference.
+ */
+static int reduce_root(struct tfab_world *w)
+{
+	static const size_t counts[] = {1, 1031, 70001};
+	static const int dts[] = {0, 2, 6, 7, 5}; /* float32, float16, int8, uint8, int64 */
+	enum { NC = 5 * NOPS };
+	struct {
+		const struct dtype *d;
+		int op, root;
+		size_t count;
+		bool in_place;
+		void *in, *out;
+		int64_t shape;
+		struct job job;
+	} cs[NC];
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, nc = 0;
+	atomic_int order = 0;
+
+	for (int di = 0; di < 5; di++) {
+		for (int op = 0; op < NOPS; op++) {
+			const struct dtype *d = &DTYPES[dts[di]];
+			size_t m = counts[(size_t)(di + op) % 3];
+			int root = (di + op) % n;
+			bool in_place = op % 2 == 1, is_root = rank == root;
+			DLTensor tin, tout;
+
+			cs[nc].d = d;
+			cs[nc].op = op;
+			cs[nc].root = root;
+			cs[nc].count = m;
+			cs[nc].in_place = in_place;
+			cs[nc].shape = (int64_t)m;
+			cs[nc].job = (struct job){1, -1, &order};
+			cs[nc].in = malloc(m * d->size);
+			/* off the root: an out the library must not touch, or NULL */
+			cs[nc].out = in_place && is_root      ? cs[nc].in
+				     : is_root || op % 2 == 0 ? malloc(m * d->size)
+							      : NULL;
+			if (cs[nc].out && cs[nc].out != cs[nc].in)
+				memset(cs[nc].out, 0x5a, m * d->size);
+			fill(d, cs[nc].in, rank, 0, m);
+			tin = tensor_of(d, cs[nc].in, &cs[nc].shape);
+			tout = tensor_of(d, cs[nc].out, &cs[nc].shape);
+			if (tfab_reduce(w, &tin, cs[nc].out ? &tout : NULL, (enum tfab_op)op, root,
+					on_done, &cs[nc].job)) {
+				printf("rank %d: reduce %s %s not started\n", rank, d->name,
+				       OP_NAMES[op]);
+				return 1;
+			}
+			nc++;
+		}
+	}
+	bad |= wait_all(w, "reduce");
+	for (int i = 0; i < nc; i++) {
+		const struct dtype *d = cs[i].d;
+		size_t m = cs[i].count;
+		void *want = malloc(m * d->size);
+		char what[128];
+
+		snprintf(what, sizeof(what), "reduce %s %s of %zu to %d%s", d->name,
+			 OP_NAMES[cs[i].op], m, cs[i].root, cs[i].in_place ? " in place" : "");
+		if (rank == cs[i].root) {
+			for (size_t e = 0; e < m; e++)
+				reduce_one(d, (enum tfab_op)cs[i].op, n, 0, e, want, e);
+		} else if (cs[i].out) {
+			memset(want, 0x5a, m * d->size); /* untouched */
+		}
+		if (cs[i].job.status) {
+			printf("rank %d: %s: %s\n", rank, what, tfab_strerror(cs[i].job.status));
+			bad = 1;
+		} else if (cs[i].out) {
+			bad |= compare(rank, what, cs[i].out, want, m, d->size);
+		}
+		if (rank != cs[i].root || !cs[i].in_place) {
+			/* the input as it was */
+			fill(d, want, rank, 0, m);
+			bad |= compare(rank, what, cs[i].in, want, m, d->size);
+		}
+		if (cs[i].out != cs[i].in)
+			free(cs[i].out);
+		free(cs[i].in);
+		free(want);
+	}
+	if (rank == 0)
+		printf("reduce: %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
+/*
+ * Gather and scatter at three sizes (eager, a tensor, a large tensor), from the first and the
+ * last rank, the root's part in its place in the whole or apart; NULL where the tensor is the
+ * root's only. Rank k's part is fill's pattern of k (gather) or of 100 + k (scatter).
+ */
+static int gather_scatter(struct tfab_world *w)
+{
+	static const size_t counts[] = {3, 1000, 70001};
+	const struct dtype *d = &DTYPES[1]; /* float64: any dtype moves as bytes */
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0;
+
+	for (size_t ci = 0; ci < 3; ci++) {
+		for (int root = 0; root<n; root += n - 1> 0 ? n - 1 : 1) {
+			for (int in_place = 0; in_place < 2; in_place++) {
+				size_t m = counts[ci], es = d->size;
+				int64_t sp = (int64_t)m, sw = (int64_t)m * n;
+				bool is_root = rank == root, apart = !(is_root && in_place);
+				uint8_t *whole = is_root ? malloc(m * (size_t)n * es) : NULL;
+				uint8_t *part =
+				    apart ? malloc(m * es) : whole + (size_t)root * m * es;
+				uint8_t *want = malloc(m * (size_t)n * es);
+				DLTensor tp = tensor_of(d, part, &sp),
+					 tw = tensor_of(d, whole, &sw);
+				atomic_int order = 0;
+				struct job j = {1, -1, &order};
+				char what[96];
+
+				/* gather */
+				fill(d, part, rank, 0, m);
+				snprintf(what, sizeof(what), "gather of %zu to %d%s", m, root,
+					 in_place ? " in place" : "");
+				if (tfab_gather(w, &tp, is_root ? &tw : NULL, root, on_done, &j) ||
+				    wait_all(w, what))
+					return 1;
+				for (int k = 0; k < n; k++)
+					fill(d, want + (size_t)k * m * es, k, 0, m);
+				if (j.status) {
+					printf("rank %d: %s: %s\n", rank, what,
+					       tfab_strerror(j.status));
+					bad = 1;
+				} else if (is_root) {
+					bad |= compare(rank, what, whole, want, m * (size_t)n, es);
+				}
+				/* scatter */
+				j = (struct job){1, -1, &order};
+				for (int k = 0; is_root && k < n; k++)
+					fill(d, whole + (size_t)k * m * es, 100 + k, 0, m);
+				if (apart)
+					memset(part, 0, m * es);
+				snprintf(what, sizeof(what), "scatter of %zu from %d%s", m, root,
+					 in_place ? " in place" : "");
+				if (tfab_scatter(w, is_root ? &tw : NULL, &tp, root, on_done, &j) ||
+				    wait_all(w, what))
+					return 1;
+				fill(d, want, 100 + rank, 0, m);
+				if (j.status) {
+					printf("rank %d: %s: %s\n", rank, what,
+					       tfab_strerror(j.status));
+					bad = 1;
+				} else {
+					bad |= compare(rank, what, part, want, m, es);
+				}
+				if (apart)
+					free(part);
+				free(whole);
+				free(want);
+			}
+		}
+	}
+	if (rank == 0)
+		printf("gather and scatter: %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
+/* Elements rank `from` sends rank `to` in alltoallv case v: some none, some large. */
+static size_t a2a_count(int from, int to, int v)
+{
+	static const size_t scale[] = {1, 300, 20000};
+
+	if (v == 3)
+		return 50; /* equal pieces, passed as NULL */
+	return (size_t)((from * 7 + to * 3 + v) % 5) * scale[v];
+}
+
+/*
+ * One alltoallv of case v with dtype d (counts given, or NULL for v = 3): rank from's piece for
+ * rank to is fill's pattern of from * 1000 + to. Its status, or INT_MIN (said); *bad_p set
+ * where out is not what it must be. With skew, rank 0 sends rank 1 one element more than rank 1
+ * expects (its in one larger): the pair must fail, and rank 1's out keep its bytes where rank
+ * 0's piece would go.
+ */
+static int a2a_one(struct tfab_world *w, const struct dtype *d, int v, bool skew, int *bad_p)
+{
+	int rank = tfab_world_rank(w), n = tfab_world_size(w);
+	size_t *sc = calloc((size_t)n, sizeof(size_t)), *rc = calloc((size_t)n, sizeof(size_t));
+	size_t tin = 0, tout = 0, off = 0, es = d->size;
+	uint8_t *in, *out, *want;
+	int64_t sin, sout;
+	atomic_int order = 0;
+	struct job j = {1, -1, &order};
+	DLTensor ti, to;
+	char what[96];
+
+	for (int k = 0; k < n; k++) {
+		sc[k] = a2a_count(rank, k, v);
+		rc[k] = a2a_count(k, rank, v);
+	}
+	if (skew && rank == 0)
+		sc[1]++;
+	for (int k = 0; k < n; k++) {
+		tin += sc[k];
+		tout += rc[k];
+	}
+	in = malloc(tin * es + 1);
+	out = malloc(tout * es + 1);
+	want = malloc(tout * es + 1);
+	memset(out, 0x77, tout * es);
+	for (int k = 0; k < n; k++) {
+		fill(d, in + off * es, rank * 1000 + k, 0, sc[k]);
+		off += sc[k];
+	}
+	off = 0;
+	for (int k = 0; k < n; k++) {
+		if (skew && rank == 1 && k == 0)
+			memset(want + off * es, 0x77, rc[k] * es);
+		else
+			fill(d, want + off * es, k * 1000 + rank, 0, rc[k]);
+		off += rc[k];
+	}
+	sin = (int64_t)tin;
+	sout = (int64_t)tout;
+	ti = tensor_of(d, in, &sin);
+	to = tensor_of(d, out, &sout);
+	snprintf(what, sizeof(what), "alltoallv %s case %d%s", d->name, v, skew ? " skewed" : "");
+	if (tfab_alltoallv(w, &ti, v == 3 ? NULL : sc, &to, v == 3 ? NULL : rc, on_done, &j) ||
+	    wait_all(w, what)) {
+		printf("rank %d: %s not started or not ended\n", rank, what);
+		j.status = INT_MIN;
+	} else if (j.status == 0) {
+		*bad_p |= compare(rank, what, out, want, tout, es);
+	} else if (skew && rank == 1) {
+		/* nothing from rank 0 (the others' pieces may have come or not) */
+		*bad_p |= compare(rank, what, out, want, rc[0], es);
+	}
+	free(sc);
+	free(rc);
+	free(in);
+	free(out);
+	free(want);
+	return j.status;
+}
+
+/*
+ * All to all: uneven pieces (some empty, some large enough to go as tensors in pieces' ways),
+ * equal ones (NULL counts), three dtypes; then counts that differ between ranks 0 and 1: both
+ * fail with -EINVAL, the others end well or with a failure passed on, and the next alltoallv
+ * is right everywhere.
+ */
+static int alltoallv(struct tfab_world *w)
+{
+	static const int dts[] = {4, 7, 2}; /* int32, uint8, float16 */
+	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, st;
+
+	for (int v = 0; v < 4; v++) {
+		for (int di = 0; di < 3; di++) {
+			st = a2a_one(w, &DTYPES[dts[di]], v, false, &bad);
+			if (st) {
+				printf("rank %d: alltoallv case %d %s: %s\n", rank, v,
+				       DTYPES[dts[di]].name,
+				       st == INT_MIN ? "not run" : tfab_strerror(st));
+				bad = 1;
+			}
+		}
+	}
+	/* rank 0 sends rank 1 1201 elements for 1200 (case 1), then 1 for none (case 2) */
+	for (int v = 1; v <= 2 && n > 1; v++) {
+		st = a2a_one(w, &DTYPES[4], v, true, &bad);
+		if (rank <= 1 ? st != -EINVAL : st != 0 && st != -TFAB_ERR_PEER_FAILED) {
+			printf("rank %d: alltoallv with counts that differ between ranks 0 and 1: "
+			       "%s, not %s\n",
+			       rank, st == INT_MIN ? "not run" : tfab_strerror(st),
+			       rank <= 1 ? "EINVAL" : "success or TFAB_ERR_PEER_FAILED");
+			bad = 1;
+		}
+		st = a2a_one(w, &DTYPES[4], 2, false, &bad);
+		if (st) {
+			printf("rank %d: alltoallv after the one that failed: %s\n", rank,
+			       st == INT_MIN ? "not run" : tfab_strerror(st));
+			bad = 1;
+		}
+	}
+	if (rank == 0)
+		printf("alltoallv: %s\n", bad ? "FAILED" : "ok");
 	return bad;
 }
 
@@ -795,24 +1104,47 @@ static int refused(struct tfab_world *w)
 	uint8_t u[4] = {0};
 	int64_t four = 4, three = 3;
 	DLTensor ta = tensor_of(d, a, &four), tb = tensor_of(d, b, &three);
-	DLTensor tu = {
-	    .data = u, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLUInt, 8, 1}, .shape = &four};
+	/* bool (DLPack's kDLBool, 6): not reduced */
+	DLTensor tu = {.data = u,
+		       .device = {kDLCPU, 0},
+		       .ndim = 1,
+		       .dtype = {(uint8_t)6, 8, 1},
+		       .shape = &four};
 	atomic_int order = 0;
 	struct job j = {1, -1, &order};
+	size_t fives[64] = {5, 5, 5, 5, 5, 5, 5, 5}; /* worlds of up to 8 */
 	struct {
 		const char *what;
 		int rc;
 	} cases[] = {
 	    {"sizes that differ",
 	     tfab_allreduce(w, &ta, &tb, TFAB_OP_SUM, NULL, must_not_call, NULL)},
-	    {"uint8, which allreduce does not reduce",
+	    {"bool, which allreduce does not reduce",
 	     tfab_allreduce(w, &tu, &tu, TFAB_OP_SUM, NULL, must_not_call, NULL)},
-	    {"an unknown operation",
-	     tfab_allreduce(w, &ta, &ta, (enum tfab_op)9, NULL, must_not_call, NULL)},
+	    {"an unknown operation", tfab_allreduce(w, &ta, &ta, (enum tfab_op)(TFAB_OP_PROD + 1),
+						    NULL, must_not_call, NULL)},
 	    {"no callback", tfab_allreduce(w, &ta, &ta, TFAB_OP_SUM, NULL, NULL, NULL)},
 	    {"a root out of the world", tfab_broadcast(w, &ta, n, must_not_call, NULL)},
 	    {"an allgather whose out is not size times in",
 	     tfab_allgather(w, &ta, &ta, must_not_call, NULL)},
+	    {"a reduce to a root out of the world",
+	     tfab_reduce(w, &ta, &ta, TFAB_OP_SUM, n, must_not_call, NULL)},
+	    {"a reduce of bool", tfab_reduce(w, &tu, &tu, TFAB_OP_SUM, rank, must_not_call, NULL)},
+	    {"a reduce whose root has no out",
+	     tfab_reduce(w, &ta, NULL, TFAB_OP_SUM, rank, must_not_call, NULL)},
+	    {"a gather to a root out of the world",
+	     tfab_gather(w, &ta, &ta, -1, must_not_call, NULL)},
+	    {"a gather whose out is not size times in",
+	     tfab_gather(w, &ta, &tb, rank, must_not_call, NULL)},
+	    {"a scatter whose root has no in",
+	     tfab_scatter(w, NULL, &ta, rank, must_not_call, NULL)},
+	    {"a scatter whose out is missing",
+	     tfab_scatter(w, &ta, NULL, rank, must_not_call, NULL)},
+	    {"an alltoallv whose counts do not add up to its tensors",
+	     tfab_alltoallv(w, &ta, fives, &tb, fives, must_not_call, NULL)},
+	    {"an alltoallv in place", tfab_alltoallv(w, &ta, NULL, &ta, NULL, must_not_call, NULL)},
+	    {"an alltoallv of float32 into uint8",
+	     tfab_alltoallv(w, &ta, NULL, &tu, NULL, must_not_call, NULL)},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -828,11 +1160,16 @@ static int refused(struct tfab_world *w)
 		DLTensor ti = tensor_of(&DTYPES[4], i32, &four);
 
 		rc = tfab_allreduce(w, &tu, &tu, TFAB_OP_SUM, NULL, must_not_call, NULL);
-		bad |= refusal_says(w, "allreduce of uint8", rc,
-				    "allreduce: uint8 tensors are not reduced");
+		bad |= refusal_says(w, "allreduce of bool", rc,
+				    "allreduce: bool tensors are not reduced");
 		rc = tfab_allreduce(w, &ta, &ti, TFAB_OP_SUM, NULL, must_not_call, NULL);
 		bad |= refusal_says(w, "allreduce of float32 into int32", rc,
 				    "allreduce: in is float32 and out int32");
+		rc = tfab_reduce(w, &ta, &ta, TFAB_OP_SUM, n, must_not_call, NULL);
+		bad |= refusal_says(w, "reduce to a root out of the world", rc, "reduce: root ");
+		rc = tfab_alltoallv(w, &ta, fives, &tb, fives, must_not_call, NULL);
+		bad |= refusal_says(w, "alltoallv whose counts do not add up", rc,
+				    "alltoallv: send_counts add up to ");
 	}
 	bad |= wait_from_callback(w);
 	/* Rank 0 alone in a barrier: leaving the world must wait for it. */
@@ -1003,6 +1340,9 @@ static int thread_body(struct tfab_context *ctx, struct tfab_world *w, void *arg
 	bad |= broadcast(w);
 	bad |= allgather(w);
 	bad |= reduce_scatter(w);
+	bad |= reduce_root(w);
+	bad |= gather_scatter(w);
+	bad |= alltoallv(w);
 	bad |= barrier(ctx, w);
 	bad |= compressed(ctx, w);
 	bad |= refused(w);
@@ -1068,9 +1408,9 @@ static DLTensor gpu_tensor_of(const struct dtype *d, void *data, int64_t *shape)
 
 /*
  * GPU tensors (kDLCUDA) in every collective, through host proxies (coll_gpu.c): int32
- * allreduce on both algorithms, in place and not, a broadcast, an allgather and a
- * reduce-scatter, each result copied back and checked; the proxies' copies are counted in
- * bytes_copied.
+ * allreduce on both algorithms, in place and not, a broadcast, an allgather, a
+ * reduce-scatter, a reduce (no out off the root) and an all-to-all, each result copied back
+ * and checked; the proxies' copies are counted in bytes_copied.
  */
 static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 {
@@ -1118,7 +1458,7 @@ static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 		}
 	}
 	{ /* broadcast of 300,001 bytes from the last rank */
-		const struct dtype u8 = {"uint8", K_I32, {kDLUInt, 8, 1}, 1};
+		const struct dtype u8 = {"uint8", K_INT, {kDLUInt, 8, 1}, 1};
 		size_t nb = 300001;
 		int64_t shape = (int64_t)nb;
 		uint8_t *h = malloc(nb), *db = dev_alloc(nb);
@@ -1189,6 +1529,55 @@ static int gpu_body(struct tfab_context *ctx, struct tfab_world *w, void *arg)
 		dev_free(dout);
 		dev_free(rin);
 		dev_free(rout);
+		free(h);
+		free(want);
+	}
+	{ /* reduce of 777 to the last rank (out NULL elsewhere), and an all-to-all of 3 each */
+		size_t m = 777, e = 3;
+		int64_t sm = (int64_t)m, se = (int64_t)e * n;
+		int32_t *h = malloc(m * 4), *want = malloc(m * 4);
+		void *din = dev_alloc(m * 4), *dout = dev_alloc(m * 4);
+		void *ain = dev_alloc(e * (size_t)n * 4), *aout = dev_alloc(e * (size_t)n * 4);
+		DLTensor ti = gpu_tensor_of(d, din, &sm), to = gpu_tensor_of(d, dout, &sm);
+		DLTensor ai = gpu_tensor_of(d, ain, &se), ao = gpu_tensor_of(d, aout, &se);
+		struct job j = {1, -1, &order}, k = {1, -1, &order};
+		int root = n - 1;
+
+		if (!h || !want || !din || !dout || !ain || !aout)
+			return 1;
+		fill(d, h, rank, 0, m);
+		dev_copy(din, h, m * 4, true);
+		for (size_t i = 0; i < m; i++)
+			reduce_one(d, TFAB_OP_SUM, n, 0, i, want, i);
+		st = RUN(
+		    w, "GPU reduce",
+		    tfab_reduce(w, &ti, rank == root ? &to : NULL, TFAB_OP_SUM, root, on_done, &j),
+		    j);
+		if (st) {
+			printf("rank %d: GPU reduce: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else if (rank == root) {
+			dev_copy(h, dout, m * 4, false);
+			bad |= compare(rank, "GPU reduce", h, want, m, 4);
+		}
+		for (int r = 0; r < n; r++)
+			fill(d, h + e * (size_t)r, rank * 1000 + r, 0, e);
+		dev_copy(ain, h, e * (size_t)n * 4, true);
+		for (int r = 0; r < n; r++)
+			fill(d, want + e * (size_t)r, r * 1000 + rank, 0, e);
+		st = RUN(w, "GPU alltoallv", tfab_alltoallv(w, &ai, NULL, &ao, NULL, on_done, &k),
+			 k);
+		if (st) {
+			printf("rank %d: GPU alltoallv: %s\n", rank, tfab_strerror(st));
+			bad = 1;
+		} else {
+			dev_copy(h, aout, e * (size_t)n * 4, false);
+			bad |= compare(rank, "GPU alltoallv", h, want, e * (size_t)n, 4);
+		}
+		dev_free(din);
+		dev_free(dout);
+		dev_free(ain);
+		dev_free(aout);
 		free(h);
 		free(want);
 	}

@@ -661,7 +661,7 @@ class Context:
         return "tfab.Context(%s)" % state
 
 
-_OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3}
+_OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
 _ALGOS = {None: 0, "auto": 0, "direct": 1, "ring": 2}
 _COMPRESS = {None: 0, "none": 0, "fp16": 1, "bf16": 2, "int8": 3}
 
@@ -826,8 +826,9 @@ class World:
                   algo=None) -> Future:
         """Reduce tensor over every rank: ``out`` (tensor itself, in place, by default) gets
         rank 0's op rank 1's op ... (doc/world.md says in which order). ``op``: "sum",
-        "avg" (the sum divided by size; integers toward zero), "min", "max". dtypes: float16,
-        bfloat16 (torch), float32, float64, int32, int64. ``compress`` ("fp16", "bf16",
+        "avg" (the sum divided by size; integers toward zero), "min", "max", "prod". dtypes:
+        float16, bfloat16 (torch), float32, float64, and integers: int8 to int64, uint8 to
+        uint64 (sums and products wrap, as torch's do). ``compress`` ("fp16", "bf16",
         "int8"; float32 only) shrinks what travels, ``key`` names the tensor for compression's
         error feedback; ``algo`` ("direct", "ring"; None: by size). Returns a Future of out."""
         opn = _choice(_OPS, op, "op")
@@ -872,6 +873,60 @@ class World:
             out = _empty_like(tensor, (shape[0] // self._size,) + shape[1:])
         fut = Future(self._ctx)
         self._w.reduce_scatter(tensor, out, opn, fut._coll_callback("reduce_scatter", out))
+        return fut
+
+    def reduce(self, tensor, out=None, op: str = "sum", root: int = 0) -> Future:
+        """The reduction of every rank's tensor, folded in rank order (the bits of a direct
+        allreduce), into out on rank root (tensor itself, in place, by default); ``op`` and
+        dtypes as allreduce's. out is the root's only: ignored elsewhere. Returns a Future of
+        out (None on the other ranks)."""
+        opn = _choice(_OPS, op, "op")
+        if out is tensor:
+            out = None
+        result = None
+        if self._rank == root:
+            result = tensor if out is None else out
+        fut = Future(self._ctx)
+        self._w.reduce(tensor, out, opn, root, fut._coll_callback("reduce", result))
+        return fut
+
+    def gather(self, tensor, out=None, root: int = 0) -> Future:
+        """Every rank's tensor, in rank order, into out on rank root: size times tensor's
+        elements, of its dtype (None: a new array or torch tensor of shape (size,) +
+        tensor.shape); any dtype. out is the root's only: ignored elsewhere. Returns a Future
+        of out (None on the other ranks)."""
+        if self._rank != root:
+            out = None
+        elif out is None:
+            out = _empty_like(tensor, (self._size,) + tuple(tensor.shape))
+        fut = Future(self._ctx)
+        self._w.gather(_torch_bool(tensor), _torch_bool(out), root,
+                       fut._coll_callback("gather", out))
+        return fut
+
+    def scatter(self, tensor, out, root: int = 0) -> Future:
+        """Part ``rank`` of rank root's tensor into out on every rank: root's tensor holds size
+        parts of out's elements, in rank order (any dtype); tensor is the root's only (None
+        elsewhere is fine). Returns a Future of out."""
+        if self._rank != root:
+            tensor = None
+        fut = Future(self._ctx)
+        self._w.scatter(_torch_bool(tensor), _torch_bool(out), root,
+                        fut._coll_callback("scatter", out))
+        return fut
+
+    def alltoall(self, tensor, out, send_counts=None, recv_counts=None) -> Future:
+        """All to all (torch's all_to_all_single): tensor holds this rank's pieces for ranks 0
+        to size - 1 in rank order, send_counts[k] elements for rank k; out gets rank k's piece
+        for this rank, recv_counts[k] elements, in rank order (counts in elements, None: equal
+        pieces); any dtype, the same on every rank. Rank i's send_counts[j] must be rank j's
+        recv_counts[i]: where not, both fail (tfab.Error, EINVAL) and nothing of theirs
+        lands. tensor and out do not overlap. Returns a Future of out."""
+        def counts(c):
+            return None if c is None else [int(x) for x in c]
+        fut = Future(self._ctx)
+        self._w.alltoallv(_torch_bool(tensor), _torch_bool(out), counts(send_counts),
+                          counts(recv_counts), fut._coll_callback("alltoall", out))
         return fut
 
     def barrier(self) -> Future:
