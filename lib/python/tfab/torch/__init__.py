@@ -41,13 +41,8 @@ _IDLE_S = 0.002
 # How often the driver looks for such works while none is in flight.
 _LOOK_S = 0.01
 
-_OPS = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.AVG: "avg",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.PRODUCT: "prod",
-}
+# torch's reduce ops (by RedOpType name) and tfab's.
+_OPS = {"SUM": "sum", "AVG": "avg", "MIN": "min", "MAX": "max", "PRODUCT": "prod"}
 
 _P2P_KEY = "tfab.torch/p/%d"
 
@@ -60,11 +55,12 @@ _WHY = {
 
 
 def _op_name(op, call):
-    for k, v in _OPS.items():
-        if op == k:
-            return v
-    raise RuntimeError("tfab: %s: reduce op %s is not supported (SUM, AVG, MIN, MAX, "
-                       "PRODUCT are)" % (call, op))
+    name = getattr(getattr(op, "op", op), "name", None) or str(op)
+    opn = _OPS.get(name)
+    if opn is None:
+        raise RuntimeError("tfab: %s: reduce op %s is not supported (SUM, AVG, MIN, MAX and "
+                           "PRODUCT are)" % (call, name))
+    return opn
 
 
 def _one(tensors, call):
@@ -209,6 +205,7 @@ class _Work(dist.Work):
             n += 1
             if deadline is not None and n % 256 == 0 and _time.monotonic() > deadline:
                 break
+        _settle(progress)
 
     # dist.Work
 
@@ -274,6 +271,16 @@ class _Work(dist.Work):
         pass
 
 
+def _settle(progress):
+    """Progress calls until one completes nothing: the TAKEN of a receive completed in a
+    call waits for the next one (the application's reply goes first), and its sender's send
+    ends only on it. Without these calls a rank that moves on to other work (gloo, its
+    model) would hold it."""
+    for _ in range(64):
+        if progress() <= 0:
+            return
+
+
 def _drive(ref):
     """The group's driver thread: it drives the context's progress (waiting on a work's
     tfab futures, which drives it with the GIL released, the context having no progress
@@ -309,6 +316,10 @@ def _drive(ref):
             f.exception()  # drives progress until it is done; fails at the latest on abort
         while not work._ended:
             _os.sched_yield()  # its last callback runs on another thread
+        try:
+            _settle(work._group._ctx._c.progress)
+        except _tfab.Error:
+            pass  # closed meanwhile
         del work
 
 
