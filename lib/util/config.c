@@ -223,7 +223,9 @@ static const struct tfab_config_entry table[] = {
      "host, then verbs when a device has an active port, else libfabric), shm, verbs, ofi, or "
      "ofi:<libfabric provider>; each peer takes the first that both sides have",
      FIELD(provider), &parser_string, 0, 0},
-    {"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
+    {"TFAB_LOG_LEVEL", "warn",
+     "Log level: none, error, warn, info, debug or trace (or 0..5). From Python, unset: the "
+     "level of the logger \"tfab\" at import, whose handlers take the lines",
      FIELD(log_level), &parser_level, 0, 0},
     {"TFAB_CONNECT_TIMEOUT_MS", "10000",
      "Longest wait for a peer while connecting or bootstrapping, in milliseconds",

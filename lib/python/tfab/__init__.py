@@ -46,6 +46,85 @@ def _take_signals_back():
 
 _take_signals_back()
 
+
+# The library's log lines in Python's logging (doc/python.md, "Logs"): the C sink queues them
+# (bounded; it never takes the GIL) while the "tfab" logger, or one above it, has a handler,
+# and a daemon thread hands them to the logger; without a handler the sink writes them to
+# stderr itself, as the library does, so that nothing is lost for those who never configure
+# logging.
+import logging as _logging  # noqa: E402
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
+
+_log = _logging.getLogger("tfab")
+# The library's levels (tfab/log.h: 1 error .. 5 trace) as logging's; trace is DEBUG too.
+_LOG_LEVELS = {1: _logging.ERROR, 2: _logging.WARNING, 3: _logging.INFO, 4: _logging.DEBUG,
+               5: _logging.DEBUG}
+_LOG_NAMES = {1: "error", 2: "warn", 3: "info", 4: "debug", 5: "trace"}
+_log_pump = None
+_log_pump_lock = _threading.Lock()
+
+
+def _library_level(level):
+    """The library's level (0 none .. 4 debug) that logs what a logger at level takes."""
+    for lib, py in ((4, _logging.DEBUG), (3, _logging.INFO), (2, _logging.WARNING),
+                    (1, _logging.ERROR)):
+        if level <= py:
+            return lib
+    return 0
+
+
+def _log_pump_main():
+    warned = False
+    while True:
+        got = _tfab._log_take(None)
+        if got is None:
+            return
+        lines, dropped = got
+        handled = _log.hasHandlers()
+        for level, subsys, msg in lines:
+            if handled:
+                _log.log(_LOG_LEVELS.get(level, _logging.DEBUG), msg,
+                         extra={"subsystem": subsys})
+            else:  # the handlers went: as the library writes its lines
+                _sys.stderr.write("tfab %s [%s]: %s\n" % (_LOG_NAMES.get(level, "?"), subsys,
+                                                          msg))
+        if not handled:
+            _tfab._log_bridge(False)
+        if dropped and not warned:
+            warned = True
+            _log.warning("%d of the library's log lines were dropped: their queue to logging "
+                         "was full (handlers slower than the library logs); later drops are "
+                         "not reported", dropped, extra={"subsystem": "python"})
+
+
+def _log_route():
+    """The library's lines to logging where the "tfab" logger (or one above it) has a
+    handler, else to stderr; checked at import and as each context is made."""
+    global _log_pump
+    on = _log.hasHandlers()
+    if on and _log_pump is None:
+        with _log_pump_lock:
+            if _log_pump is None:
+                _log_pump = _threading.Thread(target=_log_pump_main, name="tfab-log",
+                                              daemon=True)
+                _log_pump.start()
+    _tfab._log_bridge(on)
+
+
+@_atexit.register  # before _close_all's: it runs after it, and takes the lines of the closes
+def _log_end():
+    """Lines from now on to stderr; the queued ones to logging, waited for a little (a
+    handler that blocks holds the exit up no longer)."""
+    _tfab._log_stop()
+    if _log_pump is not None:
+        _log_pump.join(2.0)
+
+
+if "TFAB_LOG_LEVEL" not in _os.environ:
+    _tfab._log_level(_library_level(_log.getEffectiveLevel()))
+_log_route()
+
 __all__ = [
     "Context", "World", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
     "ProtocolError", "AbortedError", "ConfigError", "NoFabricError", "OutMismatchError",
@@ -302,6 +381,7 @@ class Context:
             pairs.append(("TFAB_PROVIDER", str(provider)))
         for name, value in settings.items():
             pairs.append((_setting_name(name), _setting_value(value)))
+        _log_route()  # logging configured since the import takes the lines from now on
         self._c = _tfab.Context(pairs)
         self._settings = dict(pairs)  # what the world's meeting reads before the library
         self._string_keys = set()  # (peer, key) that recv() found sent as strings
