@@ -2,7 +2,8 @@
  * @file
  * A world: N ranks of one job, each pair connected by a peer on its best path (doc/world.md).
  * The ranks meet through rank 0 over TCP (a torchrun-style environment: TFAB_RANK,
- * TFAB_WORLD_SIZE, TFAB_MASTER_ADDR, TFAB_MASTER_PORT) or through the application's own
+ * TFAB_WORLD_SIZE, TFAB_MASTER_ADDR, TFAB_MASTER_PORT, or the launchers' RANK, WORLD_SIZE,
+ * MASTER_ADDR, OMPI_COMM_WORLD_*; never torch's MASTER_PORT) or through the application's own
  * allgather; then every rank connects to every lower rank with the context's TCP bootstrap, so
  * each pair has its heartbeats and its liveness as any bootstrapped pair does.
  */
@@ -31,9 +32,9 @@ typedef int (*tfab_allgather_fn)(const void *mine, void *all, size_t len, void *
 
 /** How tfab_world_join joins: what a field leaves unset comes from the environment. */
 struct tfab_world_args {
-	/** This rank; -1: from TFAB_RANK. */
+	/** This rank; -1: from TFAB_RANK (or RANK, OMPI_COMM_WORLD_RANK). */
 	int rank;
-	/** The number of ranks; -1: from TFAB_WORLD_SIZE. */
+	/** The number of ranks; -1: from TFAB_WORLD_SIZE (or WORLD_SIZE, OMPI_COMM_WORLD_SIZE). */
 	int size;
 	/** This rank's name ("/job:worker/task:3"); NULL: TFAB_WORLD_NAME, else "rank N". */
 	const char *name;
@@ -54,7 +55,8 @@ struct tfab_world_args {
  * Joins the world: returns when every rank is connected to every other, or fails them all
  * with -TFAB_ERR_TIMEOUT (a rank that did not arrive; the log names it), -TFAB_ERR_PROTOCOL (a
  * rank that arrived twice, or with another size), -TFAB_ERR_CONFIG (no rank or size given, or
- * a bad one), or the status of the connection that failed. args NULL: all from the
+ * a bad one; or, without an allgather, MASTER_PORT set and TFAB_MASTER_PORT not: torch's
+ * store listens there), or the status of the connection that failed. args NULL: all from the
  * environment. The context listens for the world's connections: a context has one world, and
  * the application does not tfab_listen on it. A signal does not end the join (-EINTR is never
  * returned: interrupted system calls are retried); a caller that must react to signals runs it

@@ -223,7 +223,9 @@ static const struct tfab_config_entry table[] = {
      "host, then verbs when a device has an active port, else libfabric), shm, verbs, ofi, or "
      "ofi:<libfabric provider>; each peer takes the first that both sides have",
      FIELD(provider), &parser_string, 0, 0},
-    {"TFAB_LOG_LEVEL", "warn", "Log level: none, error, warn, info, debug or trace (or 0..5)",
+    {"TFAB_LOG_LEVEL", "warn",
+     "Log level: none, error, warn, info, debug or trace (or 0..5). From Python, unset: the "
+     "level of the logger \"tfab\" at import, whose handlers take the lines",
      FIELD(log_level), &parser_level, 0, 0},
     {"TFAB_CONNECT_TIMEOUT_MS", "10000",
      "Longest wait for a peer while connecting or bootstrapping, in milliseconds",
@@ -247,15 +249,31 @@ static const struct tfab_config_entry table[] = {
      "TFAB_OP_TIMEOUT_MS (at least three heartbeats) fails with TFAB_ERR_TIMEOUT: a stopped "
      "process or a cut link. 0 sends none",
      FIELD(heartbeat_ms), &parser_uint, 0, 3600000},
-    {"TFAB_RANK", "", "This process's rank in its world (doc/world.md), as torchrun's RANK",
+    {"TFAB_RANK", "",
+     "This process's rank in its world (doc/world.md); unset: torchrun's RANK, else Open MPI's "
+     "OMPI_COMM_WORLD_RANK (under mpirun, PMIx goes before it where tfab has PMIx)",
      FIELD(rank), &parser_string, 0, 0},
-    {"TFAB_WORLD_SIZE", "", "The number of ranks in the world, as torchrun's WORLD_SIZE",
+    {"TFAB_WORLD_SIZE", "",
+     "The number of ranks in the world; unset: torchrun's WORLD_SIZE, else Open MPI's "
+     "OMPI_COMM_WORLD_SIZE",
      FIELD(world_size), &parser_string, 0, 0},
+    {"TFAB_LOCAL_RANK", "",
+     "This process's rank among the world's ranks on this host, for the log; unset: "
+     "torchrun's LOCAL_RANK, else Open MPI's OMPI_COMM_WORLD_LOCAL_RANK",
+     FIELD(local_rank), &parser_string, 0, 0},
+    {"TFAB_LOCAL_WORLD_SIZE", "",
+     "The number of the world's ranks on this host, for the log; unset: torchrun's "
+     "LOCAL_WORLD_SIZE, else Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE",
+     FIELD(local_world_size), &parser_string, 0, 0},
     {"TFAB_MASTER_ADDR", "",
      "Where rank 0 listens for the other ranks when a world is joined (its host name or "
-     "address), as torchrun's MASTER_ADDR",
+     "address); unset: torchrun's MASTER_ADDR",
      FIELD(master_addr), &parser_string, 0, 0},
-    {"TFAB_MASTER_PORT", "29500", "The port rank 0 listens on when a world is joined",
+    {"TFAB_MASTER_PORT", "29650",
+     "The port rank 0 listens on when a world is joined without an allgather. Never "
+     "torchrun's MASTER_PORT, where torch's store listens: with MASTER_PORT set and this one "
+     "not, the join through rank 0 is refused (TFAB_ERR_CONFIG; tfab.World meets through "
+     "torch's store instead). The default is clear of torchrun's 29500 and 29400",
      FIELD(master_port), &parser_uint, 1, 65535},
     {"TFAB_WORLD_NAME", "", "This rank's name in its world, such as /job:worker/task:3",
      FIELD(world_name), &parser_string, 0, 0},
@@ -410,6 +428,64 @@ static const struct tfab_config_entry table[] = {
 #define TABLE_LEN (sizeof(table) / sizeof(table[0]))
 
 /*
+ * Launchers' names for the world's settings, read where the TFAB_* variable is not set, first
+ * found wins: torchrun's, then Open MPI's. Each setting records the variable it came from.
+ */
+static const struct launcher_alias {
+	const char *name;    /* the setting */
+	const char *also[3]; /* the launchers' names for it, in order, NULL-terminated */
+	size_t from;	     /* offset of the const char * that names its source */
+} aliases[] = {
+    {"TFAB_RANK", {"RANK", "OMPI_COMM_WORLD_RANK"}, offsetof(struct tfab_config, rank_from)},
+    {"TFAB_WORLD_SIZE",
+     {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"},
+     offsetof(struct tfab_config, world_size_from)},
+    {"TFAB_LOCAL_RANK",
+     {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"},
+     offsetof(struct tfab_config, local_rank_from)},
+    {"TFAB_LOCAL_WORLD_SIZE",
+     {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+     offsetof(struct tfab_config, local_world_size_from)},
+    {"TFAB_MASTER_ADDR", {"MASTER_ADDR"}, offsetof(struct tfab_config, master_addr_from)},
+    /* MASTER_PORT is no name for it: torch's store listens there (torch_port) */
+    {"TFAB_MASTER_PORT", {NULL}, offsetof(struct tfab_config, master_port_from)},
+};
+
+#define TORCH_PORT "MASTER_PORT"
+/* Where a setting came from when the application gave it to the context. */
+static const char GIVEN[] = "the context's settings";
+
+static const struct launcher_alias *alias_of(const char *name)
+{
+	for (size_t i = 0; i < sizeof(aliases) / sizeof(aliases[0]); i++)
+		if (strcmp(aliases[i].name, name) == 0)
+			return &aliases[i];
+	return NULL;
+}
+
+/* The value of e in the environment and the variable it is in: e's, else a launcher's. */
+static const char *env_value(const struct tfab_config_entry *e, const char **var_p)
+{
+	const struct launcher_alias *a = alias_of(e->name);
+	const char *v = getenv(e->name);
+
+	*var_p = e->name;
+	for (size_t i = 0; !v && a && i < sizeof(a->also) / sizeof(a->also[0]) && a->also[i]; i++) {
+		v = getenv(a->also[i]);
+		*var_p = a->also[i];
+	}
+	return v;
+}
+
+static void set_from(struct tfab_config *cfg, const struct tfab_config_entry *e, const char *var)
+{
+	const struct launcher_alias *a = alias_of(e->name);
+
+	if (a)
+		memcpy((char *)cfg + a->from, &var, sizeof(var));
+}
+
+/*
  * TFAB_* variables that are no setting of the library but that other parts of the project
  * read: its test suites', benchmarks' and test VM's. The warning about unknown variables
  * leaves them alone, and every TFAB_TEST_* variable too (the tests' own knobs).
@@ -447,8 +523,9 @@ static void entry_why(const struct tfab_config_entry *e, int rc, char *why, size
 		snprintf(why, len, "not a valid %s value: %s", e->parser->kind, tfab_strerror(rc));
 }
 
-static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e, const char *value,
-		     char *errbuf, size_t errlen)
+/* Set e from value, which came from the variable var (NULL: e's own name). */
+static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e, const char *var,
+		     const char *value, char *errbuf, size_t errlen)
 {
 	int rc = e->parser->parse(value, (char *)cfg + e->offset, e->size, e->min, e->max);
 	char why[128];
@@ -458,11 +535,11 @@ static int entry_set(struct tfab_config *cfg, const struct tfab_config_entry *e,
 	if (errbuf && errlen) {
 		if (rc == -EKEYREJECTED) { /* a secret: its length, never its value */
 			snprintf(errbuf, errlen, "%s holds %zu bytes: a key needs at least %lu",
-				 e->name, strlen(value), e->min);
+				 var ? var : e->name, strlen(value), e->min);
 		} else {
 			entry_why(e, rc, why, sizeof(why));
 			/* a secret never goes into a message, not even a wrong one */
-			snprintf(errbuf, errlen, "%s=%s is %s", e->name,
+			snprintf(errbuf, errlen, "%s=%s is %s", var ? var : e->name,
 				 tfab__config_secret(e) ? "(set)" : value, why);
 		}
 	}
@@ -568,13 +645,17 @@ int tfab__config_set(struct tfab_config *cfg, const char *name, const char *valu
 		     size_t errlen)
 {
 	const struct tfab_config_entry *e = tfab__config_find(name);
+	int rc;
 
 	if (!e) {
 		if (errbuf && errlen)
 			snprintf(errbuf, errlen, "%s is not a tfab setting", name);
 		return -ENOENT;
 	}
-	return entry_set(cfg, e, value, errbuf, errlen);
+	rc = entry_set(cfg, e, NULL, value, errbuf, errlen);
+	if (rc == 0)
+		set_from(cfg, e, GIVEN);
+	return rc;
 }
 
 int tfab__config_init(struct tfab_config *cfg, char *errbuf, size_t errlen)
@@ -594,23 +675,28 @@ int tfab__config_init_with(struct tfab_config *cfg, const char *const *names,
 	memset(cfg, 0, sizeof(*cfg));
 	for (size_t i = 0; i < TABLE_LEN; i++) {
 		/* The defaults are ours; one that does not parse is a bug caught by the tests. */
-		if (entry_set(cfg, &table[i], table[i].dflt, NULL, 0) != 0)
+		if (entry_set(cfg, &table[i], NULL, table[i].dflt, NULL, 0) != 0)
 			abort();
 	}
 	for (size_t i = 0; i < TABLE_LEN; i++) {
-		const char *env = getenv(table[i].name);
+		const char *var, *env = env_value(&table[i], &var);
 		int rc;
 
 		if (!env)
 			continue;
-		rc =
-		    entry_set(cfg, &table[i], env, first_rc ? NULL : errbuf, first_rc ? 0 : errlen);
+		rc = entry_set(cfg, &table[i], var, env, first_rc ? NULL : errbuf,
+			       first_rc ? 0 : errlen);
 		if (rc && !first_rc)
 			first_rc = rc;
 		if (rc)
-			entry_set(cfg, &table[i], table[i].dflt, NULL, 0);
+			entry_set(cfg, &table[i], NULL, table[i].dflt, NULL, 0);
+		else
+			set_from(cfg, &table[i], var);
 	}
-	/* Explicit settings last: they win over the environment. */
+	/* torch's port is never the world's: the join refuses it rather than guess another */
+	if (!cfg->master_port_from && getenv(TORCH_PORT))
+		snprintf(cfg->torch_port, sizeof(cfg->torch_port), "%s", getenv(TORCH_PORT));
+	/* Explicit settings last: they win over the environment (and over torch's port). */
 	for (size_t i = 0; i < n; i++) {
 		int rc = -TFAB_ERR_CONFIG;
 
@@ -626,6 +712,8 @@ int tfab__config_init_with(struct tfab_config *cfg, const char *const *names,
 		if (rc && !first_rc)
 			first_rc = rc;
 	}
+	if (cfg->master_port_from == GIVEN)
+		cfg->torch_port[0] = '\0';
 	return first_rc;
 }
 

@@ -19,10 +19,21 @@ struct tfab_config {
 	unsigned op_timeout_ms;	       /* TFAB_OP_TIMEOUT_MS, 0 for none */
 	unsigned heartbeat_ms;	       /* TFAB_HEARTBEAT_MS, 0 for none */
 	/* A world (lib/world/world.c): a torchrun-style environment, "" where unset */
-	char rank[16];		   /* TFAB_RANK */
-	char world_size[16];	   /* TFAB_WORLD_SIZE */
-	char master_addr[256];	   /* TFAB_MASTER_ADDR */
-	unsigned master_port;	   /* TFAB_MASTER_PORT */
+	char rank[16];	     /* TFAB_RANK, RANK, OMPI_COMM_WORLD_RANK */
+	char world_size[16]; /* TFAB_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE */
+	char local_rank[16]; /* TFAB_LOCAL_RANK, LOCAL_RANK, OMPI_..._LOCAL_RANK */
+	char
+	    local_world_size[16]; /* TFAB_LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE, OMPI_..._LOCAL_SIZE */
+	char master_addr[256];	  /* TFAB_MASTER_ADDR, MASTER_ADDR */
+	unsigned master_port;	  /* TFAB_MASTER_PORT */
+	/*
+	 * MASTER_PORT where TFAB_MASTER_PORT is not given: torch's store listens there (torchrun's
+	 * or init_process_group's), so it is never the world's; "" where unset.
+	 */
+	char torch_port[16];
+	/* Where the launcher settings above came from: the variable read, NULL for the default. */
+	const char *rank_from, *world_size_from, *local_rank_from, *local_world_size_from;
+	const char *master_addr_from, *master_port_from;
 	char world_name[256];	   /* TFAB_WORLD_NAME */
 	char world_host[256];	   /* TFAB_WORLD_HOST */
 	unsigned world_timeout_ms; /* TFAB_WORLD_TIMEOUT_MS */

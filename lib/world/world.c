@@ -655,31 +655,66 @@ static int connect_all(struct tfab_world *w, uint64_t deadline)
 	return rc == -ETIMEDOUT ? -TFAB_ERR_TIMEOUT : rc;
 }
 
+/* Where a launcher setting came from, for the log. */
+static const char *from(const char *var)
+{
+	return var ? var : "its default";
+}
+
 /* This rank's settings from args, else the context's (the environment). */
 static int settings(struct tfab_world *w, const struct tfab_world_args *args, struct rank_rec *me)
 {
 	const struct tfab_config *cfg = tfab__ctx_config(w->ctx);
 	const char *name = args && args->name ? args->name : cfg->world_name;
 	const char *host = args && args->host ? args->host : cfg->world_host;
+	bool gather = args && args->allgather;
+	bool own_size = args && args->size >= 0, own_rank = args && args->rank >= 0;
 
-	w->size = args && args->size >= 0 ? args->size : parse_int(cfg->world_size, 1, 1 << 20);
-	w->rank = args && args->rank >= 0 ? args->rank : parse_int(cfg->rank, 0, 1 << 20);
+	w->size = own_size ? args->size : parse_int(cfg->world_size, 1, 1 << 20);
+	w->rank = own_rank ? args->rank : parse_int(cfg->rank, 0, 1 << 20);
 	w->timeout_ms =
 	    args && args->timeout_ms >= 0 ? args->timeout_ms : (int)cfg->world_timeout_ms;
 	if (w->size < 1 || w->rank < 0 || w->rank >= w->size) {
 		TFAB_ERROR(SUBSYS,
-			   "no world to join: rank %d of %d (TFAB_RANK '%s', TFAB_WORLD_SIZE '%s')",
-			   w->rank, w->size, cfg->rank, cfg->world_size);
+			   "no world to join: rank %d of %d (rank '%s' from %s, size '%s' from %s)",
+			   w->rank, w->size, cfg->rank,
+			   cfg->rank_from ? cfg->rank_from
+					  : "none of TFAB_RANK, RANK, OMPI_COMM_WORLD_RANK",
+			   cfg->world_size,
+			   cfg->world_size_from
+			       ? cfg->world_size_from
+			       : "none of TFAB_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE");
 		return -TFAB_ERR_CONFIG;
 	}
 	if (strlen(name) > TFAB_WORLD_NAME_MAX || strlen(host) >= REC_HOST) {
 		TFAB_ERROR(SUBSYS, "rank %d: its name or host is too long", w->rank);
 		return -TFAB_ERR_CONFIG;
 	}
-	if (!(args && args->allgather) && w->size > 1 && !cfg->master_addr[0]) {
-		TFAB_ERROR(SUBSYS, "rank %d: no TFAB_MASTER_ADDR, and no allgather", w->rank);
+	if (!gather && w->size > 1 && cfg->torch_port[0]) {
+		TFAB_ERROR(
+		    SUBSYS,
+		    "rank %d: MASTER_PORT=%s belongs to torch's store (torchrun's or "
+		    "init_process_group's), never to tfab's rendezvous: set TFAB_MASTER_PORT "
+		    "to a port of the world's own, or join from Python (tfab.World meets "
+		    "through torch's store), or give an allgather",
+		    w->rank, cfg->torch_port);
 		return -TFAB_ERR_CONFIG;
 	}
+	if (!gather && w->size > 1 && !cfg->master_addr[0]) {
+		TFAB_ERROR(SUBSYS,
+			   "rank %d: no TFAB_MASTER_ADDR (nor MASTER_ADDR), and no allgather",
+			   w->rank);
+		return -TFAB_ERR_CONFIG;
+	}
+	TFAB_INFO(
+	    SUBSYS,
+	    "rank %d (from %s) of %d (from %s), local rank '%s' (from %s) of '%s' (from %s) "
+	    "on this host; %s%s%s%u (address from %s, port from %s)",
+	    w->rank, own_rank ? "the application" : from(cfg->rank_from), w->size,
+	    own_size ? "the application" : from(cfg->world_size_from), cfg->local_rank,
+	    from(cfg->local_rank_from), cfg->local_world_size, from(cfg->local_world_size_from),
+	    gather ? "meeting through an allgather, not at " : "meeting at ", cfg->master_addr, ":",
+	    cfg->master_port, from(cfg->master_addr_from), from(cfg->master_port_from));
 	memset(me, 0, sizeof(*me));
 	me->rank = (uint32_t)w->rank;
 	me->size = (uint32_t)w->size;
@@ -691,9 +726,9 @@ static int settings(struct tfab_world *w, const struct tfab_world_args *args, st
 	me->eager = w->eager; /* 0 where another world has the hooks */
 	me->shm = cfg->coll_shm;
 	/* Rank 0 is reached where it said it listens; with an allgather, at this host's name. */
-	if (!me->host[0] && w->rank == 0 && !(args && args->allgather))
+	if (!me->host[0] && w->rank == 0 && !gather)
 		snprintf(me->host, sizeof(me->host), "%s", cfg->master_addr);
-	if (!me->host[0] && args && args->allgather && gethostname(me->host, sizeof(me->host)))
+	if (!me->host[0] && gather && gethostname(me->host, sizeof(me->host)))
 		return -errno;
 	return 0;
 }
@@ -776,14 +811,23 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 	return 0;
 }
 
+/* Whether TFAB_RANK or torchrun's RANK names this rank (not Open MPI's variable, nor none). */
+static bool rank_named(const struct tfab_config *cfg)
+{
+	return cfg->rank[0] && cfg->rank_from && strncmp(cfg->rank_from, "OMPI_", 5) != 0;
+}
+
 int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args,
 		    struct tfab_world **world_p)
 {
 	if (!ctx || !world_p)
 		return -EINVAL;
 	*world_p = NULL;
-	/* Under mpirun, where neither the application nor TFAB_RANK says otherwise: PMIx. */
-	if (!(args && (args->allgather || args->rank >= 0)) && !tfab__ctx_config(ctx)->rank[0] &&
+	/*
+	 * Under mpirun, where neither the application nor TFAB_RANK or RANK says otherwise: PMIx,
+	 * whose meeting needs no master address (OMPI_COMM_WORLD_RANK names the same rank).
+	 */
+	if (!(args && (args->allgather || args->rank >= 0)) && !rank_named(tfab__ctx_config(ctx)) &&
 	    getenv("PMIX_RANK")) {
 #ifdef TFAB_HAVE_PMIX
 		struct tfab_world_args a =
@@ -799,11 +843,15 @@ int tfab_world_join(struct tfab_context *ctx, const struct tfab_world_args *args
 		PMIx_Finalize(NULL, 0); /* the records have met: PMIx is done with */
 		return rc;
 #else
-		TFAB_ERROR(SUBSYS,
-			   "started by mpirun (PMIX_RANK), but this tfab was built without "
-			   "PMIx (libpmix-dev): set TFAB_RANK and TFAB_WORLD_SIZE, or give an "
-			   "allgather");
-		return -TFAB_ERR_CONFIG;
+		/* Open MPI's variables name the rank: it meets through rank 0, given an address */
+		if (!tfab__ctx_config(ctx)->rank[0]) {
+			TFAB_ERROR(
+			    SUBSYS,
+			    "started by mpirun (PMIX_RANK), but this tfab was built without "
+			    "PMIx (libpmix-dev): set TFAB_RANK and TFAB_WORLD_SIZE, or give an "
+			    "allgather");
+			return -TFAB_ERR_CONFIG;
+		}
 #endif
 	}
 	return world_join(ctx, args, world_p);

@@ -21,7 +21,21 @@
 
 #include "util/config.h"
 
-/* No TFAB_* setting in the environment, before and after every test. */
+/* Launchers' variables that the world's settings read where the TFAB_* ones are unset. */
+static const char *const launcher_vars[] = {
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "WORLD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+};
+
+/* No TFAB_* setting (nor launcher variable) in the environment, before and after every test. */
 static int clean_env(void **state)
 {
 	const struct tfab_config_entry *table;
@@ -31,6 +45,8 @@ static int clean_env(void **state)
 	table = tfab__config_table(&n);
 	for (size_t i = 0; i < n; i++)
 		unsetenv(table[i].name);
+	for (size_t i = 0; i < sizeof(launcher_vars) / sizeof(launcher_vars[0]); i++)
+		unsetenv(launcher_vars[i]);
 	return 0;
 }
 
@@ -278,6 +294,99 @@ static void test_env_overrides(void **state)
 	assert_int_equal(cfg.ofi_poll_batch, 32);
 	assert_field_is(&cfg, "TFAB_OFI_CQ_SIZE", "8192");
 	assert_field_is(&cfg, "TFAB_LOG_LEVEL", "debug");
+}
+
+/*
+ * The world's settings read torchrun's variables, then Open MPI's, where the TFAB_* one is
+ * unset; TFAB_* always wins; each records the variable it came from.
+ */
+static void test_launcher_names(void **state)
+{
+	struct tfab_config cfg;
+	char err[128] = "";
+
+	(void)state;
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_string_equal(cfg.rank, "");
+	assert_null(cfg.rank_from);
+	assert_null(cfg.master_port_from);
+	assert_int_equal(cfg.master_port, 29650); /* clear of torchrun's 29500 and 29400 */
+	assert_string_equal(cfg.torch_port, "");
+
+	setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+	setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_string_equal(cfg.rank, "3");
+	assert_string_equal(cfg.rank_from, "OMPI_COMM_WORLD_RANK");
+	assert_string_equal(cfg.world_size, "8");
+	assert_string_equal(cfg.local_rank, "1");
+	assert_string_equal(cfg.local_world_size_from, "OMPI_COMM_WORLD_LOCAL_SIZE");
+
+	setenv("RANK", "5", 1);
+	setenv("WORLD_SIZE", "6", 1);
+	setenv("LOCAL_RANK", "0", 1);
+	setenv("LOCAL_WORLD_SIZE", "4", 1);
+	setenv("MASTER_ADDR", "10.0.0.1", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_string_equal(cfg.rank, "5");
+	assert_string_equal(cfg.rank_from, "RANK");
+	assert_string_equal(cfg.world_size, "6");
+	assert_string_equal(cfg.world_size_from, "WORLD_SIZE");
+	assert_string_equal(cfg.local_rank, "0");
+	assert_string_equal(cfg.local_world_size, "4");
+	assert_string_equal(cfg.master_addr, "10.0.0.1");
+	assert_string_equal(cfg.master_addr_from, "MASTER_ADDR");
+
+	setenv("TFAB_RANK", "1", 1);
+	setenv("TFAB_WORLD_SIZE", "2", 1);
+	setenv("TFAB_LOCAL_RANK", "1", 1);
+	setenv("TFAB_MASTER_ADDR", "127.0.0.1", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_string_equal(cfg.rank, "1");
+	assert_string_equal(cfg.rank_from, "TFAB_RANK");
+	assert_string_equal(cfg.world_size, "2");
+	assert_string_equal(cfg.local_rank, "1");
+	assert_string_equal(cfg.local_rank_from, "TFAB_LOCAL_RANK");
+	assert_string_equal(cfg.local_world_size, "4"); /* TFAB_LOCAL_WORLD_SIZE unset */
+	assert_string_equal(cfg.master_addr, "127.0.0.1");
+	assert_string_equal(cfg.master_addr_from, "TFAB_MASTER_ADDR");
+
+	/* A launcher's value that a setting refuses is named as the launcher's variable. */
+	setenv("MASTER_ADDR", "x", 1);
+	unsetenv("TFAB_MASTER_ADDR");
+	setenv("LOCAL_WORLD_SIZE", "12345678901234567890", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), -TFAB_ERR_CONFIG);
+	assert_non_null(strstr(err, "LOCAL_WORLD_SIZE=12345678901234567890"));
+	assert_null(strstr(err, "TFAB_LOCAL_WORLD_SIZE"));
+}
+
+/* MASTER_PORT is torch's store's: recorded apart, never the world's port, unless TFAB's given. */
+static void test_master_port_is_torchs(void **state)
+{
+	static const char *const names[] = {"TFAB_MASTER_PORT"};
+	static const char *const values[] = {"29777"};
+	struct tfab_config cfg;
+	char err[128] = "";
+
+	(void)state;
+	setenv("MASTER_PORT", "29500", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_int_equal(cfg.master_port, 29650);
+	assert_null(cfg.master_port_from);
+	assert_string_equal(cfg.torch_port, "29500");
+	/* Given to the context: the world's own port, and torch's left alone. */
+	assert_int_equal(tfab__config_init_with(&cfg, names, values, 1, err, sizeof(err)), 0);
+	assert_int_equal(cfg.master_port, 29777);
+	assert_non_null(cfg.master_port_from);
+	assert_string_equal(cfg.torch_port, "");
+	/* In the environment: the same. */
+	setenv("TFAB_MASTER_PORT", "29600", 1);
+	assert_int_equal(tfab__config_init(&cfg, err, sizeof(err)), 0);
+	assert_int_equal(cfg.master_port, 29600);
+	assert_string_equal(cfg.master_port_from, "TFAB_MASTER_PORT");
+	assert_string_equal(cfg.torch_port, "");
 }
 
 /* Explicit settings win over the environment; unknown names and bad values are refused. */
@@ -604,6 +713,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_names_unique, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_init_with, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_launcher_names, clean_env, clean_env),
+	    cmocka_unit_test_setup_teardown(test_master_port_is_torchs, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_suffixes, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_env_invalid, clean_env, clean_env),
 	    cmocka_unit_test_setup_teardown(test_first_error_reported, clean_env, clean_env),

@@ -264,9 +264,77 @@ def case_no_world(port, _provider):
            "no world to join" in outs[0][1], "joined without a size", outs)
 
 
+def start_launched(names, rank, size, port, extra=None):
+    """A rank started as a launcher starts it: names "torchrun" (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR) or "ompi" (OMPI_COMM_WORLD_*, TFAB_MASTER_ADDR), no
+    TFAB_RANK nor TFAB_WORLD_SIZE; port: TFAB_MASTER_PORT (None: unset)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TFAB_", "OMPI_", "PMIX_")) and
+           k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                     "MASTER_PORT")}
+    if names == "torchrun":
+        env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1")
+    else:
+        env.update(OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE=str(size),
+                   OMPI_COMM_WORLD_LOCAL_RANK=str(rank), OMPI_COMM_WORLD_LOCAL_SIZE=str(size),
+                   TFAB_MASTER_ADDR="127.0.0.1")
+    if port is not None:
+        env["TFAB_MASTER_PORT"] = str(port)
+    env.update({"TFAB_WORLD_NAME": "/job:worker/task:%d" % rank, "TFAB_LOG_LEVEL": "info"})
+    env.update(extra or {})
+    return subprocess.Popen([RANK, "env"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def case_torchrun_names(port, _provider):
+    """torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_ADDR, with the
+    world's own TFAB_MASTER_PORT: the ranks join, and the log says where each setting came
+    from."""
+    outs = finish([start_launched("torchrun", r, 2, port) for r in range(2)])
+    joined_well(outs, 2)
+    for r, (_, out) in enumerate(outs):
+        expect("rank %d (from RANK) of 2 (from WORLD_SIZE), local rank '%d' (from LOCAL_RANK) "
+               "of '2' (from LOCAL_WORLD_SIZE) on this host; meeting at 127.0.0.1:%d "
+               "(address from MASTER_ADDR, port from TFAB_MASTER_PORT)" % (r, r, port) in out,
+               "rank %d does not say where its settings came from" % r, outs)
+
+
+def case_ompi_names(port, _provider):
+    """Open MPI's OMPI_COMM_WORLD_* without mpirun's PMIx (no PMIX_RANK): the ranks join
+    through rank 0, their rank and size from those."""
+    outs = finish([start_launched("ompi", r, 2, port) for r in range(2)])
+    joined_well(outs, 2)
+    expect("(from OMPI_COMM_WORLD_RANK) of 2 (from OMPI_COMM_WORLD_SIZE)" in outs[1][1],
+           "rank 1 does not say its rank came from Open MPI's variables", outs)
+
+
+def case_torch_port_refused(port, _provider):
+    """MASTER_PORT without TFAB_MASTER_PORT: torch's store listens there, so neither rank 0
+    nor the others take it; the join fails at once with TFAB_ERR_CONFIG, saying why. TFAB_*
+    wins over the launchers' names."""
+    t0 = time.monotonic()
+    outs = finish([start_launched("torchrun", r, 2, None, {"MASTER_PORT": str(port)})
+                   for r in range(2)])
+    for r, (rc, out) in enumerate(outs):
+        expect(rc == 3 and "JOIN_FAILED status=TFAB_ERR_CONFIG" in out and
+               "MASTER_PORT=%d belongs to torch's store" % port in out and
+               "TFAB_MASTER_PORT" in out, "rank %d was not refused torch's port" % r, outs)
+    expect(time.monotonic() - t0 < 20, "the refusal waited", outs)
+    # TFAB_RANK and TFAB_WORLD_SIZE win over RANK and WORLD_SIZE, TFAB_MASTER_PORT over
+    # MASTER_PORT: ranks 0 and 1 of 2 although RANK says 5 of 9.
+    extra = {"MASTER_PORT": "1", "RANK": "5", "WORLD_SIZE": "9"}
+    outs = finish([start_launched("torchrun", r, 2, port + 1000,
+                                  dict(extra, TFAB_RANK=str(r), TFAB_WORLD_SIZE="2"))
+                   for r in range(2)])
+    joined_well(outs, 2)
+
+
 def case_threads_allgather(_port, provider):
-    """4 ranks as threads of one process, meeting through their own allgather."""
-    env = dict(os.environ, TFAB_LOG_LEVEL="warn")
+    """4 ranks as threads of one process, meeting through their own allgather: which needs
+    no master port, so torchrun's MASTER_PORT refuses nothing."""
+    env = dict(os.environ, TFAB_LOG_LEVEL="warn", MASTER_PORT="29500")
+    env.pop("TFAB_MASTER_PORT", None)
     if provider:
         env["TFAB_PROVIDER"] = provider
     p = subprocess.Popen([RANK, "threads", "4"], env=env, stdout=subprocess.PIPE,
@@ -434,6 +502,9 @@ CASES = [
     (case_strangers, None),
     (case_strangers_deadline, None),
     (case_no_world, None),
+    (case_torchrun_names, None),
+    (case_ompi_names, None),
+    (case_torch_port_refused, None),
     (case_threads_allgather, None),
     (case_coll_kill, None),
     (case_coll_stop, None),

@@ -46,6 +46,85 @@ def _take_signals_back():
 
 _take_signals_back()
 
+
+# The library's log lines in Python's logging (doc/python.md, "Logs"): the C sink queues them
+# (bounded; it never takes the GIL) while the "tfab" logger, or one above it, has a handler,
+# and a daemon thread hands them to the logger; without a handler the sink writes them to
+# stderr itself, as the library does, so that nothing is lost for those who never configure
+# logging.
+import logging as _logging  # noqa: E402
+import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
+
+_log = _logging.getLogger("tfab")
+# The library's levels (tfab/log.h: 1 error .. 5 trace) as logging's; trace is DEBUG too.
+_LOG_LEVELS = {1: _logging.ERROR, 2: _logging.WARNING, 3: _logging.INFO, 4: _logging.DEBUG,
+               5: _logging.DEBUG}
+_LOG_NAMES = {1: "error", 2: "warn", 3: "info", 4: "debug", 5: "trace"}
+_log_pump = None
+_log_pump_lock = _threading.Lock()
+
+
+def _library_level(level):
+    """The library's level (0 none .. 4 debug) that logs what a logger at level takes."""
+    for lib, py in ((4, _logging.DEBUG), (3, _logging.INFO), (2, _logging.WARNING),
+                    (1, _logging.ERROR)):
+        if level <= py:
+            return lib
+    return 0
+
+
+def _log_pump_main():
+    warned = False
+    while True:
+        got = _tfab._log_take(None)
+        if got is None:
+            return
+        lines, dropped = got
+        handled = _log.hasHandlers()
+        for level, subsys, msg in lines:
+            if handled:
+                _log.log(_LOG_LEVELS.get(level, _logging.DEBUG), msg,
+                         extra={"subsystem": subsys})
+            else:  # the handlers went: as the library writes its lines
+                _sys.stderr.write("tfab %s [%s]: %s\n" % (_LOG_NAMES.get(level, "?"), subsys,
+                                                          msg))
+        if not handled:
+            _tfab._log_bridge(False)
+        if dropped and not warned:
+            warned = True
+            _log.warning("%d of the library's log lines were dropped: their queue to logging "
+                         "was full (handlers slower than the library logs); later drops are "
+                         "not reported", dropped, extra={"subsystem": "python"})
+
+
+def _log_route():
+    """The library's lines to logging where the "tfab" logger (or one above it) has a
+    handler, else to stderr; checked at import and as each context is made."""
+    global _log_pump
+    on = _log.hasHandlers()
+    if on and _log_pump is None:
+        with _log_pump_lock:
+            if _log_pump is None:
+                _log_pump = _threading.Thread(target=_log_pump_main, name="tfab-log",
+                                              daemon=True)
+                _log_pump.start()
+    _tfab._log_bridge(on)
+
+
+@_atexit.register  # before _close_all's: it runs after it, and takes the lines of the closes
+def _log_end():
+    """Lines from now on to stderr; the queued ones to logging, waited for a little (a
+    handler that blocks holds the exit up no longer)."""
+    _tfab._log_stop()
+    if _log_pump is not None:
+        _log_pump.join(2.0)
+
+
+if "TFAB_LOG_LEVEL" not in _os.environ:
+    _tfab._log_level(_library_level(_log.getEffectiveLevel()))
+_log_route()
+
 __all__ = [
     "Context", "World", "Peer", "Tensor", "Future", "Error", "TimeoutError", "PeerFailedError",
     "ProtocolError", "AbortedError", "ConfigError", "NoFabricError", "OutMismatchError",
@@ -302,7 +381,9 @@ class Context:
             pairs.append(("TFAB_PROVIDER", str(provider)))
         for name, value in settings.items():
             pairs.append((_setting_name(name), _setting_value(value)))
+        _log_route()  # logging configured since the import takes the lines from now on
         self._c = _tfab.Context(pairs)
+        self._settings = dict(pairs)  # what the world's meeting reads before the library
         self._string_keys = set()  # (peer, key) that recv() found sent as strings
         # Calls that Ctrl-C interrupted, going on in the background until they end: what
         # names them ("recv", peer, key, step), ("accept",), ("connect", host, port),
@@ -711,13 +792,117 @@ def _empty_like(tensor, shape):
     return numpy.empty(shape, dtype=numpy.asarray(tensor).dtype)
 
 
+# The world's settings and the launchers' names for them, first found wins, as
+# lib/util/config.c reads them (doc/settings.md, "Launchers").
+_RANK_VARS = ("TFAB_RANK", "RANK", "OMPI_COMM_WORLD_RANK")
+_SIZE_VARS = ("TFAB_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
+_ADDR_VARS = ("TFAB_MASTER_ADDR", "MASTER_ADDR")
+
+
+def _world_setting(ctx, names):
+    """The value of a world's setting: given to the context, else the first of names that
+    the environment has; None when none."""
+    import os
+    if names[0] in ctx._settings:
+        return ctx._settings[names[0]]
+    for name in names:
+        if name in os.environ:
+            return os.environ[name]
+    return None
+
+
+def _int_or_none(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+class _TorchStoreMeeting:
+    """A world's meeting through torch's store at MASTER_ADDR:MASTER_PORT, where torchrun (or
+    init_process_group) has it: the port is torch's, so the world takes no port of its own.
+    Who hosts the store follows torch's own rule (rendezvous.py, _create_c10d_store): where
+    torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True: its static rendezvous) every
+    rank is a client; else (torchrun --standalone or another c10d rendezvous, whose agent
+    only picks MASTER_PORT; or a launch without torchrun) rank 0 hosts it, multi-tenant as
+    init_process_group does, so that the two share it whichever comes first in the process,
+    until the join has ended. Each rank set()s its record at tfab/world/<gen>/<rank> and get()s
+    every rank's; gen, from store.add, is new for each world made on the store."""
+
+    def __init__(self, ctx, rank, size, timeout_s):
+        import datetime
+        import os
+        try:
+            import torch.distributed as dist
+        except ImportError as e:
+            raise ConfigError("tfab: MASTER_PORT is set (torch's store's port, never the "
+                              "world's), and torch, whose store the world would meet "
+                              "through, does not import (%s): set TFAB_MASTER_PORT" % e) from None
+        self.addr = _world_setting(ctx, _ADDR_VARS)
+        port = _int_or_none(os.environ["MASTER_PORT"])
+        if not self.addr or port is None or not 0 < port < 65536:
+            raise ConfigError("tfab: MASTER_PORT=%r and MASTER_ADDR=%r: no store to meet "
+                              "through; set both, or TFAB_MASTER_PORT (and TFAB_MASTER_ADDR) "
+                              "for a rendezvous of the world's own"
+                              % (os.environ["MASTER_PORT"], self.addr))
+        self.rank, self.size = rank, size
+        self.hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        self.store = dist.TCPStore(self.addr, port, size, self.hosts,
+                                   datetime.timedelta(seconds=timeout_s),
+                                   wait_for_workers=False, multi_tenant=True)
+
+    def allgather(self, mine):
+        store, size = self.store, self.size
+        gen = (store.add("tfab/world/joins", 1) - 1) // size
+        prefix = "tfab/world/%d/" % gen
+        store.set(prefix + str(self.rank), mine)
+        every = [store.get(prefix + str(r)) for r in range(size)]
+        # The last rank to have read them all takes the records away.
+        if store.add(prefix + "read", 1) == size:
+            for r in range(size):
+                store.delete_key(prefix + str(r))
+            store.delete_key(prefix + "read")
+        return every
+
+    def host(self):
+        """The address of this host's interface toward MASTER_ADDR (a UDP socket's
+        connect() sends nothing), or None: the address the other ranks reach this one at."""
+        import socket
+        try:
+            family = socket.AF_INET6 if ":" in self.addr else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((self.addr, 9))
+                return s.getsockname()[0]
+        except OSError:
+            return None
+
+
+def _torch_store_meeting(ctx, rank, size, ms, allgather):
+    """The meeting through torch's store where the environment is torch's (MASTER_PORT set,
+    no TFAB_MASTER_PORT, no allgather given, a world of more than one rank), else None."""
+    import os
+    if (allgather is not None or "MASTER_PORT" not in os.environ or
+            _world_setting(ctx, ("TFAB_MASTER_PORT",)) is not None):
+        return None
+    rank = _int_or_none(_world_setting(ctx, _RANK_VARS)) if rank is None else rank
+    size = _int_or_none(_world_setting(ctx, _SIZE_VARS)) if size is None else size
+    if rank is None or size is None or size < 2 or not 0 <= rank < size:
+        return None  # the library says what is missing (or a world of one needs no meeting)
+    if ms < 0:
+        ms = _int_or_none(_world_setting(ctx, ("TFAB_WORLD_TIMEOUT_MS",))) or 60000
+    return _TorchStoreMeeting(ctx, rank, size, ms / 1000.0)
+
+
 class World:
     """A world of ranks: this process and the others of the job, each pair connected by a
     peer on its best path, for collectives (doc/world.md).
 
-    ``World(ctx)`` joins from the environment, as torchrun sets it: ``TFAB_RANK``,
-    ``TFAB_WORLD_SIZE``, ``TFAB_MASTER_ADDR`` and ``TFAB_MASTER_PORT`` (rank 0 listens there
-    for the others). ``rank`` and ``size`` given win over the environment; ``name`` is this
+    ``World(ctx)`` joins from the environment: ``TFAB_RANK``, ``TFAB_WORLD_SIZE``,
+    ``TFAB_MASTER_ADDR`` and ``TFAB_MASTER_PORT`` (rank 0 listens there for the others), or
+    the launchers' names (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``OMPI_COMM_WORLD_*``;
+    doc/settings.md). Under torchrun (``MASTER_PORT`` set, ``TFAB_MASTER_PORT`` not) the
+    ranks meet through torch's store at ``MASTER_ADDR:MASTER_PORT`` instead, binding no port
+    (rank 0 hosts the store unless torchrun's agent does: ``TORCHELASTIC_USE_AGENT_STORE``). ``rank`` and ``size`` given win over the environment; ``name`` is this
     rank's name (``"/job:worker/task:3"``), ``host`` the address the others reach it at,
     ``timeout`` the join's bound in seconds (None: ``TFAB_WORLD_TIMEOUT_MS``).
     ``allgather``: the ranks meet through the job's own launcher instead of rank 0, a callable
@@ -749,6 +934,12 @@ class World:
         if own:
             ctx = Context()
         try:
+            meeting = _torch_store_meeting(ctx, rank, size, ms, allgather)
+            if meeting is not None:
+                if host is None and _world_setting(ctx, ("TFAB_WORLD_HOST",)) is None:
+                    host = meeting.host()
+                args = (meeting.rank, meeting.size, name, host)
+                allgather = meeting.allgather
             self._w = ctx._join(args, ms, allgather)
         except BaseException:
             if own:
