@@ -78,6 +78,9 @@ def killed_rank(rank, size):
     try:
         work.wait()
     except RuntimeError as e:
+        # Stay a while: a survivor that leaves at once may be the first failed peer the
+        # other survivor sees, and named (doc/torch.md, "Faults")
+        time.sleep(1)
         return str(e)
     return "no error"
 

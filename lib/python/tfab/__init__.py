@@ -852,29 +852,50 @@ class _TorchStoreMeeting:
                                    wait_for_workers=False, multi_tenant=True)
 
     def allgather(self, mine):
+        return _StoreAllgather(self.store, self.rank, self.size, "tfab/world/")(mine)
+
+    def host(self):
+        """The address the other ranks reach this one at (_route_to)."""
+        return _route_to(self.addr)
+
+
+class _StoreAllgather:
+    """An allgather over a torch.distributed store, for a world's meeting: each rank set()s
+    its bytes at <prefix><gen>/<call>/<rank> and get()s every rank's (get blocks, within the
+    store's timeout); the last rank to have read them all takes them away. gen, from
+    store.add, is new for each world made on the store (one that persists, file://, keeps
+    the last one's counters); call counts the allgathers of this one."""
+
+    def __init__(self, store, rank, size, prefix):
+        self.store, self.rank, self.size, self.prefix = store, rank, size, prefix
+        self.gen = (store.add(prefix + "joins", 1) - 1) // size
+        self.calls = 0
+
+    def __call__(self, mine):
         store, size = self.store, self.size
-        gen = (store.add("tfab/world/joins", 1) - 1) // size
-        prefix = "tfab/world/%d/" % gen
-        store.set(prefix + str(self.rank), mine)
-        every = [store.get(prefix + str(r)) for r in range(size)]
-        # The last rank to have read them all takes the records away.
+        prefix = "%s%d/%d/" % (self.prefix, self.gen, self.calls)
+        self.calls += 1
+        store.set(prefix + str(self.rank), bytes(mine))
+        every = [bytes(store.get(prefix + str(r))) for r in range(size)]
         if store.add(prefix + "read", 1) == size:
             for r in range(size):
                 store.delete_key(prefix + str(r))
             store.delete_key(prefix + "read")
         return every
 
-    def host(self):
-        """The address of this host's interface toward MASTER_ADDR (a UDP socket's
-        connect() sends nothing), or None: the address the other ranks reach this one at."""
-        import socket
-        try:
-            family = socket.AF_INET6 if ":" in self.addr else socket.AF_INET
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect((self.addr, 9))
-                return s.getsockname()[0]
-        except OSError:
-            return None
+
+def _route_to(addr):
+    """The address of this host's interface toward addr (a UDP socket's connect() sends
+    nothing), or None: what the other ranks of a world reach this one at. Debian's host name
+    resolves to 127.0.1.1, of no use to another host."""
+    import socket
+    try:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return s.getsockname()[0]
+    except (OSError, TypeError):
+        return None
 
 
 def _torch_store_meeting(ctx, rank, size, ms, allgather):

@@ -16,7 +16,6 @@ import atexit as _atexit
 import builtins as _builtins
 import datetime as _datetime
 import os as _os
-import socket as _socket
 import threading as _threading
 import time as _time
 import weakref as _weakref
@@ -69,40 +68,17 @@ def _one(tensors, call):
     return tensors[0]
 
 
-def _local_host():
-    """The address the other ranks reach this one at: TFAB_WORLD_HOST, else the address of
-    the interface that routes to MASTER_ADDR (a UDP connect sends nothing), else None (the
-    host's name)."""
+def _local_host(store):
+    """The address the other ranks reach this one at: TFAB_WORLD_HOST, else this host's
+    address toward the store's host (a TCPStore's, under the group's PrefixStore) or
+    MASTER_ADDR, else None (the library's default)."""
     host = _os.environ.get("TFAB_WORLD_HOST")
     if host:
         return host
-    master = _os.environ.get("MASTER_ADDR")
-    if not master:
-        return None
-    try:
-        info = _socket.getaddrinfo(master, 9, type=_socket.SOCK_DGRAM)[0]
-        with _socket.socket(info[0], _socket.SOCK_DGRAM) as s:
-            s.connect(info[4])
-            return s.getsockname()[0]
-    except OSError:
-        return None
-
-
-class _StoreAllgather:
-    """The world join's allgather over torch's store: each call's records under
-    tfab/<generation>/<call>/<rank>. The generation counts the groups made on this store, so
-    that one made again on a store that persists (file://) never reads the last one's."""
-
-    def __init__(self, store, rank, size):
-        self.store, self.rank, self.size = store, rank, size
-        self.gen = (store.add("tfab/joins", 1) - 1) // size
-        self.calls = 0
-
-    def __call__(self, mine):
-        prefix = "tfab/%d/%d/" % (self.gen, self.calls)
-        self.calls += 1
-        self.store.set(prefix + str(self.rank), bytes(mine))
-        return [bytes(self.store.get(prefix + str(r))) for r in range(self.size)]
+    while store is not None and not hasattr(store, "host"):
+        store = getattr(store, "underlying_store", None)
+    toward = getattr(store, "host", None) or _os.environ.get("MASTER_ADDR")
+    return _tfab._route_to(toward) if toward else None
 
 
 class _Stats:
@@ -148,6 +124,7 @@ class _Work(dist.Work):
         self._lock = _threading.Lock()
         self._ended = False
         self._error = None
+        self._raw = None
         self._torch_fut = None
         self._bg = False  # its future was taken: the driver drives it
         self._t0 = _time.monotonic()
@@ -181,18 +158,24 @@ class _Work(dist.Work):
                 self._finish()
             except Exception as e:  # pragma: no cover (a copy back that failed)
                 error = e
-        if error is not None:
-            error = self._group._runtime_error(self._call, error)
         with self._lock:
-            self._error = error
+            self._raw = error  # named (the rank that failed) when first asked for
+            self._error = None
             self._ended = True
             tf = self._torch_fut
         if tf is not None:
             self._complete(tf)
         self._group._done(self)
 
+    def _failure(self, drive):
+        """The RuntimeError of a work that failed (None if it did not), naming the rank
+        that failed; drive: progress may be driven meanwhile (not from a callback)."""
+        if self._raw is not None and self._error is None:
+            self._error = self._group._runtime_error(self._call, self._raw, drive)
+        return self._error
+
     def _complete(self, tf):
-        tf.set_result((self._error, self._outputs))
+        tf.set_result((self._failure(False), self._outputs))
 
     def _drive(self, secs, start):
         """Drive progress here until the work ended (or secs passed), yielding the core
@@ -233,7 +216,7 @@ class _Work(dist.Work):
                 self._group._timed_out(self._call, secs)
             _time.sleep(0)
         self._group._waited(self)
-        if self._error is not None:
+        if self._failure(True) is not None:
             raise self._error
         return True
 
@@ -253,10 +236,10 @@ class _Work(dist.Work):
         return self._ended
 
     def is_success(self):
-        return self._ended and self._error is None
+        return self._ended and self._raw is None
 
     def exception(self):
-        return self._error
+        return self._failure(False) if self._ended else None
 
     def result(self):
         return list(self._outputs)
@@ -350,8 +333,8 @@ class ProcessGroupTfab(dist.ProcessGroup):
         self._driver = None
         self._waiting = 0  # Python threads in a Work's wait (they drive progress)
         try:
-            allgather = _StoreAllgather(store, rank, size)
-            self._world = _tfab.World(self._ctx, rank=rank, size=size, host=_local_host(),
+            allgather = _tfab._StoreAllgather(store, rank, size, "tfab/")
+            self._world = _tfab.World(self._ctx, rank=rank, size=size, host=_local_host(store),
                                       timeout=self._timeout, allgather=allgather)
         except BaseException:
             self._ctx.close()
@@ -412,11 +395,20 @@ class ProcessGroupTfab(dist.ProcessGroup):
         raise RuntimeError("tfab: %s timed out after %.1f s (the process group's timeout); "
                            "the group is aborted" % (call, secs))
 
-    def _dead_rank(self):
-        """The rank whose peer failed first on this rank, or None: a failure passed on by a
-        neighbour may come before our own verdict, so allow one liveness period for it."""
+    def _dead_rank(self, drive):
+        """(rank, status) of the peer that failed first as this rank saw it, or None. A
+        failure passed on by a neighbour may come before our own verdict on the rank that
+        died, so this allows one liveness period for it, driving progress (drive: not from
+        a callback) so that the verdict comes, and takes the first peer seen failed: a
+        neighbour that failed with us and left comes later."""
         end = _time.monotonic() + 0.2
+        progress = self._ctx._c.progress
         while True:
+            if drive:
+                try:
+                    progress()
+                except _tfab.Error:
+                    drive = False
             for r in range(self.size()):
                 if r == self.rank():
                     continue
@@ -428,10 +420,10 @@ class ProcessGroupTfab(dist.ProcessGroup):
                     return r, st
             if _time.monotonic() > end:
                 return None
-            _time.sleep(0.01)
+            _time.sleep(0.001 if drive else 0.01)
 
-    def _runtime_error(self, call, error):
-        dead = self._dead_rank() if isinstance(error, _tfab.Error) else None
+    def _runtime_error(self, call, error, drive=False):
+        dead = self._dead_rank(drive) if isinstance(error, _tfab.Error) else None
         if dead is not None:
             r, st = dead
             name = self._world.name(r)
