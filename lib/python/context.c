@@ -377,8 +377,8 @@ int tfabpy_progress_wait(struct tfabpy_context *c, PyObject *future, double time
 			    atomic_load_explicit(&tfabpy_completions, memory_order_acquire);
 
 			for (unsigned i = 0; i < IDLE_CHECK && rc == 0; i++) {
-				if (atomic_load_explicit(&tfabpy_completions, memory_order_acquire) !=
-				    seen)
+				if (atomic_load_explicit(&tfabpy_completions,
+							 memory_order_acquire) != seen)
 					break;
 				rc = tfab_progress(c->ctx);
 				if (rc == 0 && yield_idle)
