@@ -503,6 +503,21 @@ static void dtype_differs(const char *what, const DLTensor *in, const DLTensor *
 		     tfab_dtype_name(in->dtype, a, sizeof(a)));
 }
 
+/* out= of a reduction: in's dtype and element count, or -1 with the exception set. */
+static int out_like_in(const char *what, const DLTensor *in, const DLTensor *out)
+{
+	if (!same_dtype(in, out)) {
+		dtype_differs(what, in, out);
+		return -1;
+	}
+	if (nbytes_of(in) != nbytes_of(out)) {
+		PyErr_Format(PyExc_ValueError, "tfab: %s's out= has another number of elements",
+			     what);
+		return -1;
+	}
+	return 0;
+}
+
 /* The dtypes the library reduces: float16/32/64, bfloat16, int8 to int64, uint8 to uint64. */
 static bool reducible(DLDataType d)
 {
@@ -576,15 +591,8 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 		goto err;
 	if (check_reducible("allreduce", &in->dl_tensor) < 0)
 		goto err;
-	if (out && !same_dtype(&in->dl_tensor, &out->dl_tensor)) {
-		dtype_differs("allreduce", &in->dl_tensor, &out->dl_tensor);
+	if (out && out_like_in("allreduce", &in->dl_tensor, &out->dl_tensor) < 0)
 		goto err;
-	}
-	if (out && nbytes_of(&in->dl_tensor) != nbytes_of(&out->dl_tensor)) {
-		PyErr_SetString(PyExc_ValueError,
-				"tfab: allreduce's out= has another number of elements");
-		goto err;
-	}
 	co = coll_new(self, callback);
 	if (!co)
 		goto err;
@@ -804,15 +812,8 @@ static PyObject *world_reduce(struct tfabpy_world *self, PyObject *args)
 		goto err;
 	if (check_reducible("reduce", &in->dl_tensor) < 0)
 		goto err;
-	if (out && !same_dtype(&in->dl_tensor, &out->dl_tensor)) {
-		dtype_differs("reduce", &in->dl_tensor, &out->dl_tensor);
+	if (out && out_like_in("reduce", &in->dl_tensor, &out->dl_tensor) < 0)
 		goto err;
-	}
-	if (out && nbytes_of(&in->dl_tensor) != nbytes_of(&out->dl_tensor)) {
-		PyErr_SetString(PyExc_ValueError,
-				"tfab: reduce's out= has another number of elements");
-		goto err;
-	}
 	co = coll_new(self, callback);
 	if (!co)
 		goto err;
