@@ -1,12 +1,20 @@
 """DistributedDataParallel unchanged on the tfab backend: the same model, seed and batches
 trained beside gloo in the same processes reach the same weights; no_sync and
-find_unused_parameters work; tfab's compression hooks stay close to the uncompressed run."""
+find_unused_parameters work; tfab's compression hooks stay close to the uncompressed run;
+the DDP example trains as gloo does."""
+import os
+import re
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ranks
+import testprocs
 
 
 class Net(torch.nn.Module):
@@ -71,3 +79,42 @@ def ddp_rank(rank, size, gloo, case):
 def test_ddp_matches_gloo(case):
     worst = ranks.run(3, ddp_rank, case, with_gloo=True)
     print("%s: largest difference from gloo's weights %s" % (case, worst))
+
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "doc", "examples",
+                       "ddp_digits.py")
+
+
+def _digits(launch, *extra):
+    """doc/examples/ddp_digits.py, 2 epochs on 2 ranks: (accuracy, its output)."""
+    if launch == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", "127.0.0.1:%d" % testprocs.free_port(),
+               "--redirects", "2", "--tee", "2", EXAMPLE]
+    else:
+        cmd = [sys.executable, EXAMPLE, "--ranks", "2"]
+    p = subprocess.Popen(cmd + ["--epochs", "2"] + list(extra), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail("ddp_digits %s still running after 240 s:\n%s" % (" ".join(extra), out))
+    assert p.returncode == 0, out
+    acc = re.search(r"^(?:\[\S+\]:)?accuracy ([\d.]+)$", out, re.M)
+    assert acc and re.search(r"training [\d.]+ s \(\w+, 2 ranks, 2 epochs\)", out), out
+    return float(acc.group(1)), out
+
+
+def test_ddp_digits_example():
+    """The example as its docstring runs it: tfab's backend, spawned and under torchrun,
+    trains to gloo's accuracy, within a point (its hooks: test_ddp_matches_gloo)."""
+    gloo, out = _digits("spawn", "--backend", "gloo")
+    assert gloo > 80.0, out  # the model learns at all in 2 epochs
+    for launch, extra in (("spawn", ()), ("torchrun", ())):
+        acc, out = _digits(launch, "--backend", "tfab", *extra)
+        print("ddp_digits %s %s: accuracy %.2f, gloo's %.2f" % (launch, extra, acc, gloo))
+        assert abs(acc - gloo) <= 1.0, "%s %s: accuracy %.2f, gloo's %.2f\n%s" % (
+            launch, extra, acc, gloo, out)
