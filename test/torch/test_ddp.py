@@ -105,6 +105,7 @@ def _example(launch, name, *args):
         out, _ = p.communicate()
         pytest.fail("%s %s still running after 240 s:\n%s" % (name, " ".join(args), out))
     assert p.returncode == 0, out
+    assert "Traceback" not in out, out  # not even in a thread that torchrun let pass
     return out
 
 

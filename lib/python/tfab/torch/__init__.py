@@ -301,8 +301,8 @@ def _drive(ref):
             _os.sched_yield()  # its last callback runs on another thread
         try:
             _settle(work._group._ctx._c.progress)
-        except _tfab.Error:
-            pass  # closed meanwhile
+        except (_tfab.Error, ValueError):
+            pass  # the group ended meanwhile (ValueError: its context is closed)
         del work
 
 
