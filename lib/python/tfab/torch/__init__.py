@@ -53,12 +53,23 @@ _WHY = {
 }
 
 
+_op_names = {}  # op -> tfab's name: torch's enums are slow to read (pybind)
+
+
 def _op_name(op, call):
+    try:
+        return _op_names[op]
+    except (KeyError, TypeError):  # TypeError: an op that cannot be hashed
+        pass
     name = getattr(getattr(op, "op", op), "name", None) or str(op)
     opn = _OPS.get(name)
     if opn is None:
         raise RuntimeError("tfab: %s: reduce op %s is not supported (SUM, AVG, MIN, MAX and "
                            "PRODUCT are)" % (call, name))
+    try:
+        _op_names[op] = opn
+    except TypeError:
+        pass
     return opn
 
 
@@ -111,7 +122,12 @@ class _Work(dist.Work):
     """A call's Work: ``wait()`` returns True or raises RuntimeError (naming the rank that
     died when one did), ``get_future()`` gives a torch future of the output tensors, failing
     in C++ too. It ends when every tfab future it holds is done and its finish (copies back
-    into non-contiguous outputs) ran."""
+    into non-contiguous outputs) ran.
+
+    Cheap on purpose: a small all_reduce's time on ranks that share cores is mostly the
+    Python each rank runs per call. So no callbacks on the tfab futures unless the torch
+    future was taken (then whoever completes them ends the work); no lock but for its end,
+    which the waiting thread and the driver may reach together."""
 
     def __init__(self, group, call, futs, outputs, finish=None, source_rank=-1):
         super().__init__()
@@ -123,30 +139,37 @@ class _Work(dist.Work):
         self._source = source_rank
         self._lock = _threading.Lock()
         self._ended = False
+        self._raw = None  # the error, named (the rank that failed) when first asked for
         self._error = None
-        self._raw = None
         self._torch_fut = None
         self._bg = False  # its future was taken: the driver drives it
         self._t0 = _time.monotonic()
         group._keep(self)
-        if futs:
-            self._pending = len(futs)
-            for f in futs:
-                f.add_done_callback(self._one_done)
-        else:
-            self._pending = 0
+        if not futs:
             self._end()
 
-    def _one_done(self, _f):
-        with self._lock:
-            self._pending -= 1
-            last = self._pending == 0
-        if last:
+    def _try_end(self):
+        """End the work if every future is done; True once it has ended (False while
+        another thread is ending it)."""
+        if not self._ended:
+            for f in self._futs:
+                if not f.done():
+                    return False
             self._end()
+        return self._ended
+
+    def _one_done(self, _f):
+        self._try_end()
 
     def _end(self):
         """Every future is done: finish (copies back) or find the error, then complete the
-        torch future if one was asked for."""
+        torch future if one was asked for. Runs once, on whichever thread comes first; a
+        second one returns at once (its caller waits for _ended)."""
+        if not self._lock.acquire(False):
+            return
+        if self._ended:
+            self._lock.release()
+            return
         error = None
         for f in self._futs:
             e = f.exception()
@@ -158,11 +181,10 @@ class _Work(dist.Work):
                 self._finish()
             except Exception as e:  # pragma: no cover (a copy back that failed)
                 error = e
-        with self._lock:
-            self._raw = error  # named (the rank that failed) when first asked for
-            self._error = None
-            self._ended = True
-            tf = self._torch_fut
+        self._raw = error
+        self._ended = True
+        tf = self._torch_fut
+        self._lock.release()
         if tf is not None:
             self._complete(tf)
         self._group._done(self)
@@ -177,46 +199,33 @@ class _Work(dist.Work):
     def _complete(self, tf):
         tf.set_result((self._failure(False), self._outputs))
 
-    def _drive(self, secs, start):
-        """Drive progress here until the work ended (or secs passed), yielding the core
-        between polls: the driver thread could, but its wake-up would add to every call."""
-        progress, n = self._group._ctx._c.progress, 0
-        deadline = None if secs is None else start + secs
-        while not self._ended:
-            progress()
-            _os.sched_yield()
-            n += 1
-            if deadline is not None and n % 256 == 0 and _time.monotonic() > deadline:
-                break
-        _settle(progress)
-
     # dist.Work
 
     def wait(self, timeout=None):
-        secs = self._group._wait_seconds(timeout)
-        start = _time.monotonic()
+        g = self._group
+        g._waited(self)  # before it ends: an ended work not waited is kept a while
         if not self._ended:
-            g = self._group
-            with g._driver_cond:
-                g._waiting += 1
+            secs = g._wait_seconds(timeout)
+            start = _time.monotonic()
+            g._waiting.add(self)  # the driver leaves the polling to this thread
             try:
-                self._drive(secs, start)
+                # Each future's wait drives progress in C, the GIL released, yielding the
+                # core on idle polls (ranks may outnumber the cores).
+                for f in self._futs:
+                    if not f.done():
+                        left = None if secs is None else max(
+                            0.0, secs - (_time.monotonic() - start))
+                        f.exception(left)  # waits; the error, if any, is read below
+            except _builtins.TimeoutError:  # the wait's own (a failure is returned, not raised)
+                g._timed_out(self._call, secs)
             finally:
-                with g._driver_cond:
-                    g._waiting -= 1
-        try:
-            for f in self._futs:
-                left = None if secs is None else max(0.0, secs - (_time.monotonic() - start))
-                f.exception(left)  # waits; the error, if any, is read below
-        except _builtins.TimeoutError:  # the wait's own (a failure is returned, not raised)
-            self._group._timed_out(self._call, secs)
-        deadline = None if secs is None else start + secs
-        while not self._ended:  # its last callback is running on another thread
-            if deadline is not None and _time.monotonic() > deadline:
-                self._group._timed_out(self._call, secs)
-            _time.sleep(0)
-        self._group._waited(self)
-        if self._failure(True) is not None:
+                g._waiting.discard(self)
+            while not self._try_end():  # another thread is ending it
+                if secs is not None and _time.monotonic() - start > secs:
+                    g._timed_out(self._call, secs)
+                _time.sleep(0)
+            _settle(g._progress)
+        if self._raw is not None and self._failure(True) is not None:
             raise self._error
         return True
 
@@ -228,18 +237,20 @@ class _Work(dist.Work):
         if ended:
             self._complete(raw)
         else:
+            for f in self._futs:  # whoever completes the last one ends the work
+                f.add_done_callback(self._one_done)
             self._group._background(self)
         self._group._waited(self)  # C++ holds the future, not this object
         return raw.then(_unwrap)
 
     def is_completed(self):
-        return self._ended
+        return self._try_end()
 
     def is_success(self):
-        return self._ended and self._raw is None
+        return self._try_end() and self._raw is None
 
     def exception(self):
-        return self._failure(False) if self._ended else None
+        return self._failure(False) if self._try_end() else None
 
     def result(self):
         return list(self._outputs)
@@ -295,12 +306,12 @@ def _drive(ref):
                 cond.wait(_IDLE_S if inflight else _LOOK_S)
                 continue
         del g
-        for f in work._futs:
-            f.exception()  # drives progress until it is done; fails at the latest on abort
-        while not work._ended:
-            _os.sched_yield()  # its last callback runs on another thread
         try:
-            _settle(work._group._ctx._c.progress)
+            for f in work._futs:
+                f.exception()  # drives progress until done; fails at the latest on abort
+            while not work._try_end():
+                _os.sched_yield()  # another thread is ending it
+            _settle(work._group._progress)
         except (_tfab.Error, ValueError):
             pass  # the group ended meanwhile (ValueError: its context is closed)
         del work
@@ -321,17 +332,17 @@ class ProcessGroupTfab(dist.ProcessGroup):
         super().__init__(rank, size)
         self._timeout = timeout.total_seconds() if timeout is not None else None
         self._stats = _Stats()
-        self._works = set()  # not yet waited, or their future not yet taken
+        self._works = {}  # id -> work: not yet waited, or their future not yet taken
         self._done_works = _deque()  # completed, never waited: kept a while (_KEEP_DONE)
-        self._works_lock = _threading.Lock()
         self._p2p = {}  # (peer rank, tag, "s"/"r") -> next step
         # No progress thread: a wait drives progress itself, and the group's driver (below)
         # while anything is in flight; an idle thread's pauses would add to every round.
         self._ctx = _tfab.Context(progress_thread=False)
+        self._progress = self._ctx._c.progress
         self._inflight = _deque()  # works not yet ended, oldest first: what the driver waits
         self._driver_cond = _threading.Condition()
         self._driver = None
-        self._waiting = 0  # Python threads in a Work's wait (they drive progress)
+        self._waiting = set()  # works a Python thread waits on (it drives progress)
         try:
             allgather = _tfab._StoreAllgather(store, rank, size, "tfab/")
             self._world = _tfab.World(self._ctx, rank=rank, size=size, host=_local_host(store),
@@ -355,14 +366,16 @@ class ProcessGroupTfab(dist.ProcessGroup):
         return BACKEND
 
     def _keep(self, work):
-        with self._works_lock:
-            self._works.add(work)
-        with self._driver_cond:
-            self._inflight.append(work)
-            if self._driver is None:
-                self._driver = _threading.Thread(target=_drive, args=(_weakref.ref(self),),
-                                                 name="tfab-torch-driver", daemon=True)
-                self._driver.start()
+        # Plain dict and deque operations, each atomic under the GIL: no lock per call.
+        self._works[id(work)] = work
+        self._inflight.append(work)
+        if self._driver is None:
+            with self._driver_cond:
+                if self._driver is None:
+                    self._driver = _threading.Thread(target=_drive,
+                                                     args=(_weakref.ref(self),),
+                                                     name="tfab-torch-driver", daemon=True)
+                    self._driver.start()
 
     def _background(self, work):
         """work's future was taken: the driver drives it from now on."""
@@ -371,15 +384,17 @@ class ProcessGroupTfab(dist.ProcessGroup):
             self._driver_cond.notify()
 
     def _waited(self, work):
-        with self._works_lock:
-            self._works.discard(work)
+        self._works.pop(id(work), None)
 
     def _done(self, work):
-        with self._works_lock:
-            if work in self._works:
-                self._done_works.append(work)
-                while len(self._done_works) > _KEEP_DONE:
-                    self._works.discard(self._done_works.popleft())
+        """A work ended: one never waited is kept a while (_KEEP_DONE) for a late wait."""
+        if id(work) in self._works:
+            done = self._done_works
+            done.append(work)
+            while len(done) > _KEEP_DONE:
+                old = done.popleft()
+                if self._works.get(id(old)) is old:
+                    del self._works[id(old)]
 
     def _wait_seconds(self, timeout):
         if isinstance(timeout, _datetime.timedelta):
@@ -470,7 +485,7 @@ class ProcessGroupTfab(dist.ProcessGroup):
         def post():
             c = _contiguous(t, self._stats)
             fut = self._world.allreduce(c, op=opn, compress=compress, key=key)
-            return [fut], [t], (lambda: _copy_back(t, c, self._stats))
+            return [fut], [t], (None if c is t else lambda: _copy_back(t, c, self._stats))
         return self._start(call, post)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -724,9 +739,8 @@ class ProcessGroupTfab(dist.ProcessGroup):
         if not self._closed:
             self._closed = True
             _live.discard(self)
-            with self._works_lock:
-                self._works.clear()  # they refer to the group: no cycle left behind
-                self._done_works.clear()
+            self._works.clear()  # they refer to the group: no cycle left behind
+            self._done_works.clear()
             self._finalizer()  # what is in flight fails: the driver's wait ends
             with self._driver_cond:
                 self._inflight.clear()
