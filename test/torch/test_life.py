@@ -79,7 +79,7 @@ def killed_rank(rank, size):
         work.wait()
     except RuntimeError as e:
         # Stay a while: a survivor that leaves at once may be the first failed peer the
-        # other survivor sees, and named (doc/torch.md, "Faults")
+        # other survivor sees, and named (doc/torch.md, "Faults, timeouts, the end")
         time.sleep(1)
         return str(e)
     return "no error"

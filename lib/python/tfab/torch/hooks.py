@@ -1,4 +1,4 @@
-"""DDP comm hooks that compress gradients' traffic with tfab (doc/torch.md, "DDP").
+"""DDP comm hooks that compress gradients' traffic with tfab (doc/torch.md, "DDP on the group").
 
 Register one on a DDP model whose process group is tfab's::
 
