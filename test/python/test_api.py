@@ -458,17 +458,6 @@ def test_peer_path(pair):
     assert pa.status == 0
 
 
-def test_readme_example_is_the_one_tested():
-    import os
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    with open(os.path.join(root, "README.md")) as f:
-        readme = f.read()
-    with open(os.path.join(root, "doc", "examples", "python_pair.py")) as f:
-        example = f.read()
-    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    assert block == example, "README's Python example differs from doc/examples/python_pair.py"
-
-
 def test_exit_with_contexts_open():
     import subprocess
     import sys
