@@ -96,7 +96,14 @@ struct coll_op {
 	 */
 	bool gated, skip;
 	bool passed; /* ACT_CHECK: its tensor came and was right */
-	char tag;    /* the key: "tfab.c/<tag><step>.<piece>" */
+	/*
+	 * A send of what the other end's check reads: it goes as it is even in a drain (not as
+	 * a dead tensor). A dead one would fail that check where this end's passed, and the
+	 * two ends would disagree on what their gated operations do: one would wait for a
+	 * tensor the other skipped, until the stall deadline.
+	 */
+	bool verdict;
+	char tag; /* the key: "tfab.c/<tag><step>.<piece>" */
 	uint8_t nnext;
 	uint16_t ndeps; /* operations still to end before this one is posted */
 	uint32_t step, piece;
@@ -337,10 +344,17 @@ static bool eager_recv(const struct coll_op *op)
 	return op->eager && op->kind != OP_SEND;
 }
 
-/* The first failure decides; every operation not posted yet is posted at once (drain). */
+/*
+ * The first failure decides, but for one: a check's own verdict (an alltoallv's counts that
+ * differ, -EINVAL) goes before a failure passed on. The rank across the pair fails on the
+ * same mismatch and passes it on at once, and what it passes on through a third rank may come
+ * before its counts: the pair's own verdict is the one that says what to fix. Every operation
+ * not posted yet is posted at once (drain).
+ */
 static void coll_fail(struct tfab_coll *c, struct coll_op *op, int status)
 {
-	if (!c->status) {
+	if (!c->status ||
+	    (op->act == ACT_CHECK && status == -EINVAL && c->status == -TFAB_ERR_PEER_FAILED)) {
 		c->status = status;
 		TFAB_WARN(SUBSYS,
 			  "rank %d: %s %" PRIu64 " failed (%s, with rank %d on tfab.c/%c%u.%u): "
@@ -601,8 +615,11 @@ static void eager_sends(struct tfab_coll *c, struct coll_op *op, bool drain)
 	}
 	pthread_mutex_unlock(&w->coll_lock);
 	tfab__ctx_lock(ctx);
-	for (unsigned i = 0; i < n; i++)
-		rcs[i] = drain || srcs[i] ? eager_send(c, ops[i], drain, srcs[i]) : -EINVAL;
+	for (unsigned i = 0; i < n; i++) {
+		bool dead = drain && !ops[i]->verdict;
+
+		rcs[i] = dead || srcs[i] ? eager_send(c, ops[i], dead, srcs[i]) : -EINVAL;
+	}
 	tfab__ctx_unlock(ctx);
 	pthread_mutex_lock(&w->coll_lock);
 	for (unsigned i = 0; i < n; i++) {
@@ -770,8 +787,12 @@ static void eager_recv_post(struct tfab_coll *c, struct coll_op *op, bool drain)
 	int rc = w->aborted ? w->aborted : w->rank_failed[op->rank];
 
 	op->state = ST_POSTED;
-	if (drain) {
-		op_ended(c, op, 0); /* nothing to take: its sender's send has ended */
+	/*
+	 * Draining, nothing to take: its sender's send has ended. But a check waits for its
+	 * verdict, as the other end's does (its sender's counts go even in a drain).
+	 */
+	if (drain && op->act != ACT_CHECK) {
+		op_ended(c, op, 0);
 		return;
 	}
 	/* What came is good even if its sender has failed (or left) since. */
@@ -821,6 +842,7 @@ static void drive(struct tfab_world *w)
 			}
 			if (op->from >= 0)
 				src = kept_data(&c->ops[op->from]);
+			drain = drain && !op->verdict;
 			if (!drain && op->kind == OP_SEND && !src) {
 				op_ended(c, op, -EINVAL);
 				continue;
@@ -2031,7 +2053,9 @@ static int alltoallv_host(struct tfab_world *w, const DLTensor *in, const size_t
 			theirs[0] = (int64_t)rn[k];
 			theirs[1] = (int64_t)sn[k];
 			mine[2] = theirs[2] = dtype_word(in->dtype);
-			op_set(c, i++, OP_SEND, k, 'v', 0, 0, (uint8_t *)mine, sizeof(*mine) * 3);
+			op = op_set(c, i++, OP_SEND, k, 'v', 0, 0, (uint8_t *)mine,
+				    sizeof(*mine) * 3);
+			op->verdict = true;
 			check = i++;
 			op = op_set(c, check, OP_RECV_POOL, k, 'v', 0, 0, NULL, sizeof(*mine) * 3);
 			op->act = ACT_CHECK;

@@ -943,6 +943,9 @@ static int a2a_one(struct tfab_world *w, const struct dtype *d, int v, bool skew
 	return j.status;
 }
 
+/* How many times alltoallv tries counts that differ (argv[3] of "threads"). */
+static int a2a_skews = 1;
+
 /*
  * All to all: uneven pieces (some empty, some large enough to go as tensors in pieces' ways),
  * equal ones (NULL counts), three dtypes; then counts that differ between ranks 0 and 1: both
@@ -965,8 +968,14 @@ static int alltoallv(struct tfab_world *w)
 			}
 		}
 	}
-	/* rank 0 sends rank 1 1201 elements for 1200 (case 1), then 1 for none (case 2) */
-	for (int v = 1; v <= 2 && n > 1; v++) {
+	/*
+	 * rank 0 sends rank 1 1201 elements for 1200 (case 1), then 1 for none (case 2), each
+	 * a2a_skews times: what each rank sees first (the counts, the failure passed on, the
+	 * data) is an order of messages on three connections
+	 */
+	for (int i = 0; i < 2 * a2a_skews && n > 1; i++) {
+		int v = 1 + i % 2;
+
 		st = a2a_one(w, &DTYPES[4], v, true, &bad);
 		if (rank <= 1 ? st != -EINVAL : st != 0 && st != -TFAB_ERR_PEER_FAILED) {
 			printf("rank %d: alltoallv with counts that differ between ranks 0 and 1: "
@@ -1869,9 +1878,11 @@ static int run_env(long iters)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc == 3 && strcmp(argv[1], "threads") == 0) {
+	if ((argc == 3 || argc == 4) && strcmp(argv[1], "threads") == 0) {
 		int rc;
 
+		if (argc == 4)
+			a2a_skews = atoi(argv[3]) > 0 ? atoi(argv[3]) : 1;
 		z_result = malloc(70001 * 4);
 		pthread_barrier_init(&z_barrier, NULL, (unsigned)atoi(argv[2]));
 		rc = ranks_run_threads(atoi(argv[2]), WAIT_MS, thread_body, NULL);
@@ -1916,8 +1927,9 @@ int main(int argc, char **argv)
 	}
 	if (argc >= 2 && strcmp(argv[1], "env") == 0)
 		return run_env(argc == 3 ? atol(argv[2]) : -1);
-	fprintf(stderr,
-		"usage: %s threads N | straggler N | late N | gone 3 | gpu N | env [ITERS]\n",
-		argv[0]);
+	fprintf(
+	    stderr,
+	    "usage: %s threads N [SKEWS] | straggler N | late N | gone 3 | gpu N | env [ITERS]\n",
+	    argv[0]);
 	return 2;
 }
