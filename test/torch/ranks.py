@@ -102,3 +102,31 @@ def run(n, fn, *args, backend="tfab", with_gloo=False, timeout_s=60, wait_s=240,
     if errors:
         raise AssertionError("\n".join(errors))
     return [got.get(r) for r in range(n)]
+
+
+def launch(cmd, wait_s=240, torchrun=None, log_dir=None):
+    """Runs cmd (a list) in a session of its own, under torchrun with torchrun ranks on this
+    host where given: its output, stderr included. Fails (AssertionError) where it exits
+    non-zero, prints a traceback, or is still running after wait_s (then its whole session
+    is killed)."""
+    import signal
+    import subprocess
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc_per_node", str(torchrun), "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", "127.0.0.1:%d" % testprocs.free_port(),
+               # Debian's torch 1.13 on Python 3.11 cannot parse the default "0" of these
+               # two (no IntFlag member 0 when iterated)
+               "--redirects", "2", "--tee", "2"] + (
+                   ["--log_dir", str(log_dir)] if log_dir else []) + list(cmd)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise AssertionError("%s still running after %d s:\n%s" % (" ".join(cmd), wait_s, out))
+    assert p.returncode == 0, out
+    assert "Traceback" not in out, out  # not even in a thread that torchrun let pass
+    return out

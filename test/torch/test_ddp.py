@@ -4,8 +4,6 @@ find_unused_parameters work; tfab's compression hooks stay close to the uncompre
 the DDP example trains as gloo does."""
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +12,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ranks
-import testprocs
 
 
 class Net(torch.nn.Module):
@@ -86,27 +83,11 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "doc", "examples"
 
 def _example(launch, name, *args):
     """Runs doc/examples/<name> on 2 ranks, under torchrun or starting its ranks itself
-    (--ranks): its output, stderr included; fails the test where it fails or hangs."""
+    (--ranks): its output, stderr included."""
     script = os.path.join(EXAMPLES, name)
     if launch == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-               "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", "127.0.0.1:%d" % testprocs.free_port(),
-               # Debian's torch 1.13 on Python 3.11 cannot parse their default "0"
-               "--redirects", "2", "--tee", "2", script]
-    else:
-        cmd = [sys.executable, script, "--ranks", "2"]
-    p = subprocess.Popen(cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail("%s %s still running after 240 s:\n%s" % (name, " ".join(args), out))
-    assert p.returncode == 0, out
-    assert "Traceback" not in out, out  # not even in a thread that torchrun let pass
-    return out
+        return ranks.launch([script] + list(args), torchrun=2)
+    return ranks.launch([sys.executable, script, "--ranks", "2"] + list(args))
 
 
 def _digits(launch, *args):
@@ -130,7 +111,7 @@ def test_ddp_digits_example():
 
 
 def test_readme_example():
-    """The README's five lines under torchrun: each rank's input differs (scaled by its
+    """The README's PyTorch example under torchrun: each rank's input differs (scaled by its
     rank), so only gradients averaged across the ranks agree."""
     out = _example("torchrun", "torch_ddp.py")
     # one write per line's text (torchrun's ranks share stdout, unbuffered): no anchors

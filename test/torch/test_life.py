@@ -47,23 +47,7 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
 def test_torchrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(TORCHRUN_SCRIPT)
-    port = testprocs.free_port()
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                          "--nproc_per_node", "3", "--rdzv_backend", "c10d",
-                          "--rdzv_endpoint", "127.0.0.1:%d" % port,
-                          # Debian's torch 1.13 on Python 3.11 cannot parse the default
-                          # "0" of these two (no IntFlag member 0 when iterated)
-                          "--redirects", "2", "--tee", "2", "--log_dir", str(tmp_path),
-                          str(script)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail("torchrun still running after 180 s:\n" + out)
-    assert p.returncode == 0, out
+    out = ranks.launch([str(script)], wait_s=180, torchrun=3, log_dir=tmp_path)
     for r in range(3):
         assert "rank %d of 3: [6.0, 6.0, 6.0, 6.0]" % r in out, out
 
