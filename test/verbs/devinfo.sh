@@ -8,8 +8,14 @@ if ! command -v ibv_devinfo >/dev/null; then
 	exit 77
 fi
 
-out=$(ibv_devinfo -v -d rxe0)
+# Its output is printed whatever its exit status, so that a failure shows what it saw.
+rc=0
+out=$(ibv_devinfo -v -d rxe0 2>&1) || rc=$?
 printf '%s\n' "$out"
+if [ "$rc" -ne 0 ]; then
+	echo "devinfo: ibv_devinfo -v -d rxe0 exited $rc" >&2
+	exit 1
+fi
 check() {
 	grep -Eq "$1" <<<"$out" || {
 		echo "devinfo: no line matching '$1'" >&2

@@ -440,6 +440,9 @@ def cmd_run(args):
                 print(f"tfab-vm console| {line}", file=sys.stderr)
             raise
         relay(jobdir)
+    if status not in (0, SKIP):  # the guest's side of a failure, for a log that has no more
+        for line in tail(os.path.join(jobdir, "console.log"), 20):
+            print(f"tfab-vm console| {line}", file=sys.stderr)
     log(f"exit status {status}; VM ready after {ready or 0:.1f} s, "
         f"{total:.1f} s in all; logs in {jobdir}")
     return status
