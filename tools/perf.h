@@ -66,6 +66,7 @@ struct perf_result {
 	size_t bytes;
 	unsigned iters, window;
 	double gbps;	 /* gigabits per second */
+	double rate;	 /* transfers per second (tensor: fetches), in the bandwidth phase */
 	double lat_us;	 /* one-way: half a round trip (memcpy: one copy) */
 	bool verified;	 /* --verify: every byte arrived as sent */
 	bool has_engine; /* tensor: the engine's counters below are set */
@@ -105,6 +106,12 @@ static inline double perf_bw_gbps(const struct perf_bw_clock *c, size_t size, ui
 	uint64_t ns = t1_ns > from ? t1_ns - from : 1;
 
 	return (double)size * (double)n * 8.0 / (double)ns;
+}
+
+/* Transfers per second over the same span as perf_bw_gbps (a size of 0 has a rate too). */
+static inline double perf_bw_rate(const struct perf_bw_clock *c, uint64_t total, uint64_t t1_ns)
+{
+	return perf_bw_gbps(c, 1, total, t1_ns) * 1e9 / 8.0;
 }
 
 /* Runs the raw test over a connected pair; the client fills res. Returns 0 or a status. */

@@ -87,6 +87,7 @@ static int memcpy_size(const struct perf_opts *o, size_t size, struct perf_resul
 	if (t1 == t0)
 		t1 = t0 + 1;
 	res->gbps = (double)size * iters * 8.0 / (double)(t1 - t0);
+	res->rate = (double)iters * 1e9 / (double)(t1 - t0);
 	res->lat_us = (double)(t1 - t0) / 1000.0 / iters;
 	if (o->verify) {
 		/* a destination the copies never reached (fewer copies than destinations) stays
@@ -120,8 +121,8 @@ int perf_memcpy_run(const struct perf_opts *o)
 	if (!o->json) {
 		printf("tfab-perf memcpy: one thread, libc memcpy from one buffer into `window` "
 		       "buffers in turn, in one process (the bound of a same-host transfer)\n");
-		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
-		       "Gb/s", "lat_us", "verified");
+		printf("%12s %9s %7s %10s %10s %10s %10s   %s\n", "bytes", "iters", "window",
+		       "GB/s", "Gb/s", "Mmsg/s", "lat_us", "verified");
 	}
 	for (int i = 0; i < o->nsizes; i++) {
 		struct perf_result r;

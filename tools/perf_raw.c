@@ -267,7 +267,9 @@ static int client(struct raw_state *s, const struct perf_opts *o, size_t size,
 	if (rc)
 		return rc;
 	posted_signaled = posted;
-	res->gbps = perf_bw_gbps(&bw, size, total, tfab__now_ns());
+	t1 = tfab__now_ns();
+	res->gbps = perf_bw_gbps(&bw, size, total, t1);
+	res->rate = perf_bw_rate(&bw, total, t1);
 	res->verified = imm == IMM_ACK_OK;
 	if (imm != IMM_ACK_OK && imm != IMM_ACK_BAD)
 		return -TFAB_ERR_PROTOCOL;

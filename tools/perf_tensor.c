@@ -449,7 +449,9 @@ static int run_size(struct tstate *s, bool client, size_t size, unsigned iters, 
 			return s->err;
 		perf_bw_look(&bw, tfab__now_ns(), *done, warm);
 	}
-	res->gbps = perf_bw_gbps(&bw, size, total, tfab__now_ns());
+	uint64_t t1 = tfab__now_ns();
+	res->gbps = perf_bw_gbps(&bw, size, total, t1);
+	res->rate = perf_bw_rate(&bw, total, t1);
 
 	/*
 	 * Latency: ping (client to server) and pong, as a pipeline runs them: each side keeps
@@ -572,9 +574,9 @@ int perf_tensor_run(struct perf_pair *p, const struct perf_opts *o)
 		if (p->client && !o->json) {
 			printf("tfab-perf tensor: path %s (%s %s on %s)\n", tfab_peer_path(s.peer),
 			       backend, fabric, domain);
-			printf("%12s %9s %7s %10s %10s %10s   %-18s %12s %s\n", "bytes", "iters",
-			       "window", "GB/s", "Gb/s", "lat_us", "copies/meta_misses",
-			       "writes/fetch", "verified");
+			printf("%12s %9s %7s %10s %10s %10s %10s   %-18s %12s %s\n", "bytes",
+			       "iters", "window", "GB/s", "Gb/s", "Mfetch/s", "lat_us",
+			       "copies/meta_misses", "writes/fetch", "verified");
 		}
 	for (unsigned w = 0; w < 4 && rc == 0; w++)
 		rc = buf_alloc(o->cuda, maxsize, (int)w, &bufs[w]);

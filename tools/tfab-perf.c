@@ -138,7 +138,8 @@ static void usage(FILE *f)
 	    "  -h, --help\n\n"
 	    "JSON fields: test, path, backend, fabric, domain, bytes, iters, window, gbps "
 	    "(gigabits per\n"
-	    "second), GBps (gigabytes per second), lat_us (one-way: half a round trip), verified\n"
+	    "second), GBps (gigabytes per second), rate (transfers per second, tensor: fetches,\n"
+	    "in the bandwidth phase), lat_us (one-way: half a round trip), verified\n"
 	    "(null without --verify); tensor adds copies, meta_misses and writes_per_fetch (fabric "
 	    "writes of\n"
 	    "both sides per tensor fetch, over the size's fetches). memcpy rows have\n"
@@ -511,9 +512,9 @@ void perf_print_result(const struct perf_opts *o, const char *test, const char *
 		json_str(stdout, fabric);
 		printf(",\"domain\":");
 		json_str(stdout, domain);
-		printf(",\"bytes\":%zu,\"iters\":%u,\"window\":%u,\"gbps\":%.3f,\"GBps\":%.3f,"
-		       "\"lat_us\":%.3f,\"verified\":%s",
-		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->lat_us,
+		printf(",\"bytes\":%zu,\"iters\":%u,\"window\":%u,\"gbps\":%.6g,\"GBps\":%.6g,"
+		       "\"rate\":%.0f,\"lat_us\":%.3f,\"verified\":%s",
+		       r->bytes, r->iters, r->window, r->gbps, r->gbps / 8.0, r->rate, r->lat_us,
 		       o->verify ? (r->verified ? "true" : "false") : "null");
 		if (r->has_engine)
 			printf(",\"copies\":%llu,\"meta_misses\":%llu,\"writes_per_fetch\":%.3f",
@@ -525,12 +526,12 @@ void perf_print_result(const struct perf_opts *o, const char *test, const char *
 
 		snprintf(cm, sizeof(cm), "%llu/%llu", (unsigned long long)r->copies,
 			 (unsigned long long)r->meta_misses);
-		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %-18s %12.2f %s\n", r->bytes, r->iters,
-		       r->window, r->gbps / 8.0, r->gbps, r->lat_us, cm, r->writes_per_fetch,
-		       o->verify ? (r->verified ? "yes" : "NO") : "-");
+		printf("%12zu %9u %7u %10.3f %10.3f %10.3f %10.2f   %-18s %12.2f %s\n", r->bytes,
+		       r->iters, r->window, r->gbps / 8.0, r->gbps, r->rate / 1e6, r->lat_us, cm,
+		       r->writes_per_fetch, o->verify ? (r->verified ? "yes" : "NO") : "-");
 	} else {
-		printf("%12zu %9u %7u %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters, r->window,
-		       r->gbps / 8.0, r->gbps, r->lat_us,
+		printf("%12zu %9u %7u %10.3f %10.3f %10.3f %10.2f   %s\n", r->bytes, r->iters,
+		       r->window, r->gbps / 8.0, r->gbps, r->rate / 1e6, r->lat_us,
 		       o->verify ? (r->verified ? "yes" : "NO") : "-");
 	}
 	fflush(stdout);
@@ -547,8 +548,8 @@ static int run(struct perf_pair *p, const struct perf_opts *o)
 		printf("tfab-perf raw: path %s (%s %s on %s)%s\n", path, p->caps->backend,
 		       p->caps->fabric, p->caps->domain,
 		       p->dst_shared ? ", destinations from mem_alloc" : "");
-		printf("%12s %9s %7s %10s %10s %10s   %s\n", "bytes", "iters", "window", "GB/s",
-		       "Gb/s", "lat_us", "verified");
+		printf("%12s %9s %7s %10s %10s %10s %10s   %s\n", "bytes", "iters", "window",
+		       "GB/s", "Gb/s", "Mmsg/s", "lat_us", "verified");
 	}
 	for (int i = 0; i < o->nsizes && rc == 0; i++) {
 		struct perf_result r;

@@ -231,11 +231,14 @@ for r in rows:
     # lat_us is the time of one copy: bytes over the bandwidth
     assert r["lat_us"] > 0 and abs(r["lat_us"] - r["bytes"] * 8 / r["gbps"] / 1000) \
         <= 0.001 + 0.01 * r["lat_us"], r
+    # rate: copies per second, the bandwidth over the size
+    assert r["rate"] > 0 and (r["bytes"] == 0 or
+                              abs(r["rate"] * r["bytes"] - r["GBps"] * 1e9) <= 0.01 * r["rate"] * r["bytes"]), r
 ' "$out/memcpy"
 "$bin/tfab-perf" memcpy -s 4K -n 10 >"$out/memcpy" 2>&1
 check "tfab-perf memcpy prints a table" grep -q '^tfab-perf memcpy: one thread' "$out/memcpy"
 check "... with a row of 4096 bytes, 10 copies, 1 at a time" \
-	grep -qE '^ +4096 +10 +1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +-$' "$out/memcpy"
+	grep -qE '^ +4096 +10 +1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +-$' "$out/memcpy"
 "$bin/tfab-perf-damaged" memcpy -s 8,0 -n 10 --verify --json >"$out/damaged" 2>"$out/err"
 check "tfab-perf memcpy --verify fails on a spoiled copy" [ $? = 1 ]
 check "... reporting which sizes" python3 -c '
@@ -300,6 +303,9 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [(r["test"], r["bytes"]) for r in rows] == [
     (t, b) for t in ("memcpy", "raw", "tensor") for b in (8, 4096)], rows
 assert all(r["verified"] is True and r["iters"] == 4 for r in rows), rows
+# every row has its rate, transfers (tensor: fetches) per second, the bandwidth over the size
+assert all(r["rate"] > 0 and abs(r["rate"] * r["bytes"] - r["GBps"] * 1e9)
+           <= 0.01 * r["rate"] * r["bytes"] + r["bytes"] for r in rows), rows
 ' "$out/all"
 	# A local pair's engine contexts use the raw test's (loopback) domain.
 	check "... its tensor rows on the raw rows' backend, fabric and domain" python3 -c '
