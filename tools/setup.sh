@@ -54,6 +54,8 @@ test_packages=(
 	nftables
 	# a world under mpirun, and tools/bench's MPI_Allreduce reference
 	openmpi-bin libopenmpi-dev
+	# tools/bench/vs-ucx.py's point-to-point reference (ucx_perftest)
+	ucx-utils
 	# the API reference (ninja -C build doc) and its test of the public headers' comments
 	doxygen
 )
