@@ -387,7 +387,7 @@ int tfab__progress_locked(struct tfab_context *ctx)
 	return progress_locked(ctx, &quiet);
 }
 
-void tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us)
+int tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us)
 {
 	int n = tfab__progress_locked(ctx);
 
@@ -399,6 +399,7 @@ void tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us)
 		nanosleep(&ts, NULL);
 	}
 	tfab__ctx_lock(ctx);
+	return n;
 }
 
 /*
@@ -446,8 +447,11 @@ int tfab_progress(struct tfab_context *ctx)
 static void *progress_main(void *arg)
 {
 	struct tfab_context *ctx = arg;
+	struct tfab_spin spin;
 
+	tfab__spin_init(&spin, ctx->cfg.spin_us);
 	for (;;) {
+		unsigned pause_us;
 		int n;
 
 		pthread_mutex_lock(&ctx->lock);
@@ -457,9 +461,10 @@ static void *progress_main(void *arg)
 		}
 		pthread_mutex_unlock(&ctx->lock);
 		n = progress_call(ctx);
-		if (n <= 0) {
-			/* Idle: yield the core (CI machines have two). */
-			struct timespec ts = {0, TFAB_IDLE_PAUSE_US * 1000};
+		/* Idle past TFAB_SPIN_US: yield the core (CI machines have two). */
+		pause_us = tfab__spin_pause(&spin, n > 0);
+		if (pause_us) {
+			struct timespec ts = {0, (long)pause_us * 1000};
 
 			nanosleep(&ts, NULL);
 		}

@@ -27,6 +27,7 @@
 #include "util/freelist.h"
 #include "util/hash.h"
 #include "util/list.h"
+#include "util/time.h"
 
 /* What a write's context points at: the first member of each such object. */
 enum tfab_wctx_kind {
@@ -498,7 +499,37 @@ int tfab__progress_locked(struct tfab_context *ctx);
  * at all), and taken back. The callbacks it made due run meanwhile, and other threads' calls
  * get in: a wait of seconds must not hold every other thread of the application up.
  */
-void tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us);
+int tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us);
+
+/*
+ * The polling policy of a thread that waits (TFAB_SPIN_US): it polls without a pause for
+ * spin_us after its last poll that found work, then pauses TFAB_IDLE_PAUSE_US at each poll
+ * that finds nothing. tfab__spin_pause says, after a poll, how long to pause (0: poll again).
+ */
+struct tfab_spin {
+	uint64_t spin_ns;  /* TFAB_SPIN_US, in ns */
+	uint64_t until_ns; /* polling without a pause until then */
+};
+
+static inline void tfab__spin_init(struct tfab_spin *s, unsigned spin_us)
+{
+	s->spin_ns = (uint64_t)spin_us * 1000;
+	s->until_ns = 0; /* the window opens at the first poll that finds nothing */
+}
+
+static inline unsigned tfab__spin_pause(struct tfab_spin *s, bool found_work)
+{
+	if (found_work) {
+		/* the clock only where a pause would come soon: a busy loop reads it rarely */
+		s->until_ns = 0;
+		return 0;
+	}
+	uint64_t now = tfab__now_ns();
+
+	if (!s->until_ns)
+		s->until_ns = now + s->spin_ns;
+	return now < s->until_ns ? 0 : TFAB_IDLE_PAUSE_US;
+}
 /* Dispatch the control messages a progress call held back; how many. */
 int tfab__held_dispatch(struct tfab_context *ctx);
 /* With the lock held: wait for a broadcast of ctx->cond, at most until deadline (ms). */

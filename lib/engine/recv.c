@@ -1128,6 +1128,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 {
 	struct tfab_sync_wait w = {0};
 	struct tfab_request *r = NULL;
+	struct tfab_spin spin;
 	bool gave_up = false;
 	uint64_t deadline;
 	int rc;
@@ -1142,6 +1143,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 		return rc;
 	}
 	tfab__peers_flush(ctx, false);
+	tfab__spin_init(&spin, ctx->cfg.spin_us);
 	/* w is written under the lock; r lives at least until w.done. */
 	while (!w.done) {
 		uint64_t now = tfab__now_ms();
@@ -1162,7 +1164,11 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 		if (ctx->thread_running && !pthread_equal(pthread_self(), ctx->progress_thread)) {
 			tfab__cond_wait_until(ctx, gave_up ? now + 100 : deadline);
 		} else {
-			tfab__progress_turn(ctx, gave_up ? TFAB_IDLE_PAUSE_US : 0);
+			/* past TFAB_SPIN_US without work (or given up), each idle turn pauses */
+			unsigned pause_us = tfab__spin_pause(&spin, false);
+
+			if (tfab__progress_turn(ctx, gave_up ? TFAB_IDLE_PAUSE_US : pause_us) > 0)
+				tfab__spin_pause(&spin, true);
 		}
 	}
 	tfab__peers_flush(ctx, false); /* the TAKEN that progress held: nothing follows it here */
