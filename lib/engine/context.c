@@ -449,7 +449,7 @@ static void *progress_main(void *arg)
 	struct tfab_context *ctx = arg;
 	struct tfab_spin spin;
 
-	tfab__spin_init(&spin, ctx->cfg.spin_us);
+	tfab__spin_init(&spin, ctx->cfg.progress_spin_us);
 	for (;;) {
 		unsigned pause_us;
 		int n;

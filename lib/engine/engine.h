@@ -502,9 +502,10 @@ int tfab__progress_locked(struct tfab_context *ctx);
 int tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us);
 
 /*
- * The polling policy of a thread that waits (TFAB_SPIN_US): it polls without a pause for
- * spin_us after its last poll that found work, then pauses TFAB_IDLE_PAUSE_US at each poll
- * that finds nothing. tfab__spin_pause says, after a poll, how long to pause (0: poll again).
+ * The polling policy of a thread that waits (TFAB_SPIN_US for a blocking receive,
+ * TFAB_PROGRESS_SPIN_US for the progress thread): it polls without a pause for spin_us after
+ * its last poll that found work, then pauses TFAB_IDLE_PAUSE_US at each poll that finds
+ * nothing. tfab__spin_pause says, after a poll, how long to pause (0: poll again).
  */
 struct tfab_spin {
 	uint64_t spin_ns;  /* TFAB_SPIN_US, in ns */

@@ -359,12 +359,16 @@ static const struct tfab_config_entry table[] = {
      "1 starts a progress thread per context; 0 leaves progress to tfab_progress() and blocking "
      "receives",
      FIELD(progress_thread), &parser_uint, 0, 1},
-    {"TFAB_SPIN_US", "100",
-     "Microseconds a waiting thread (the progress thread, a blocking receive) keeps polling "
-     "without a pause after its last poll that found work; past them each poll that finds "
-     "nothing gives the core up for 20 us. 0 pauses at once (least CPU), a value above the "
-     "longest wait never pauses (least latency, a core per waiting thread)",
+    {"TFAB_SPIN_US", "10000",
+     "Microseconds a blocking receive keeps polling without a pause after its last poll that "
+     "found work; past them each poll that finds nothing gives the core up for 20 us. 0 "
+     "pauses at once (least CPU), a value above the longest wait never pauses (least "
+     "latency, a core while it waits)",
      FIELD(spin_us), &parser_uint, 0, 3600000000u},
+    {"TFAB_PROGRESS_SPIN_US", "0",
+     "The same for the progress thread (TFAB_PROGRESS_THREAD=1): microseconds it keeps "
+     "polling without a pause after a poll that found work; 0 pauses at every idle poll",
+     FIELD(progress_spin_us), &parser_uint, 0, 3600000000u},
     {"TFAB_CTRL_BATCH", "1",
      "1 lets a control write carry several messages (those queued for credit, the TAKEN "
      "indexes waiting) and the credits due, except to peers on libfabric sockets, which it "

@@ -60,6 +60,7 @@ struct tfab_config {
 	unsigned ring_slots;	     /* TFAB_RING_SLOTS */
 	unsigned progress_thread;    /* TFAB_PROGRESS_THREAD */
 	unsigned spin_us;	     /* TFAB_SPIN_US */
+	unsigned progress_spin_us;   /* TFAB_PROGRESS_SPIN_US */
 	unsigned ctrl_batch;	     /* TFAB_CTRL_BATCH */
 	unsigned key_index;	     /* TFAB_KEY_INDEX */
 	unsigned strings_headroom;   /* TFAB_STRINGS_HEADROOM */

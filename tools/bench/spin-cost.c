@@ -1,6 +1,7 @@
 /*
- * spin-cost: what the polling policy (TFAB_SPIN_US, doc/design.md "Waiting") costs and buys,
- * for the value in the environment. Two contexts of this process, a peer of each connected to
+ * spin-cost: what the polling policy (doc/design.md "Waiting") costs and buys, for the values
+ * in the environment: TFAB_SPIN_US for the blocking receives, TFAB_PROGRESS_SPIN_US for the
+ * progress thread. Two contexts of this process, a peer of each connected to
  * the other through their blobs (native shm), then:
  *   - idle receive: a blocking receive (tfab_recv_sync) for which nothing comes, 300 ms: the
  *     CPU its thread burns, as a share of one core;
@@ -106,7 +107,7 @@ int main(int argc, char **argv)
 	struct tfab_peer *p[2] = {NULL, NULL};
 	double *wake = calloc((size_t)(rounds > 0 ? rounds : 1), sizeof(double));
 	double cpu0, wall0, idle_share, thread_share;
-	const char *spin = getenv("TFAB_SPIN_US");
+	const char *spin = getenv("TFAB_SPIN_US"), *pspin = getenv("TFAB_PROGRESS_SPIN_US");
 	int rc;
 
 	if (rounds < 1 || !wake) {
@@ -186,11 +187,12 @@ int main(int argc, char **argv)
 		tfab_peer_destroy(p[i]);
 		tfab_context_destroy(c[i]);
 	}
-	printf("{\"test\":\"spin_cost\",\"spin_us\":\"%s\",\"idle_recv_cpu\":%.3f,"
+	printf("{\"test\":\"spin_cost\",\"spin_us\":\"%s\",\"progress_spin_us\":\"%s\","
+	       "\"idle_recv_cpu\":%.3f,"
 	       "\"late_send_delay_us\":%u,\"wake_us_median\":%.1f,\"wake_us_p90\":%.1f,"
 	       "\"idle_thread_cpu\":%.3f}\n",
-	       spin ? spin : "default", idle_share, delay_us, wake[rounds / 2],
-	       wake[rounds * 9 / 10], thread_share);
+	       spin ? spin : "default", pspin ? pspin : "default", idle_share, delay_us,
+	       wake[rounds / 2], wake[rounds * 9 / 10], thread_share);
 	free(wake);
 	return 0;
 }
