@@ -1,6 +1,7 @@
 /*
- * What the bench programs share: a monotonic clock and sorting their samples for medians.
- * Header-only, so that each program stays one file to build and read.
+ * What the bench programs share: a monotonic clock, sorting their samples for medians, and
+ * (for those that include <tfab/tfab.h> first) two contexts of one process connected to each
+ * other. Header-only, so that each program stays one file to build and read.
  */
 #ifndef TFAB_BENCH_H
 #define TFAB_BENCH_H
@@ -34,5 +35,25 @@ static inline double bench_median(double *v, int n)
 	qsort(v, (size_t)n, sizeof(*v), bench_cmp);
 	return v[n / 2];
 }
+
+#ifdef TFAB_TFAB_H
+/* Contexts c[0] and c[1], each with a peer p[i] connected to the other's through their blobs. */
+static inline int bench_pair(struct tfab_context *c[2], struct tfab_peer *p[2])
+{
+	unsigned char blob[2][1024];
+	size_t len[2] = {sizeof(blob[0]), sizeof(blob[1])};
+	int rc = 0;
+
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_context_create(&c[i]);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_peer_create(c[i], &p[i]);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_peer_blob(p[i], blob[i], &len[i]);
+	for (int i = 0; i < 2 && rc == 0; i++)
+		rc = tfab_peer_connect(p[i], blob[1 - i], len[1 - i]);
+	return rc;
+}
+#endif
 
 #endif

@@ -13,23 +13,7 @@
 
 #include <tfab/tfab.h>
 
-/* Contexts c[0] and c[1], each with a peer p[i] connected to the other's through their blobs. */
-static int pair(struct tfab_context *c[2], struct tfab_peer *p[2])
-{
-	unsigned char blob[2][1024];
-	size_t len[2] = {sizeof(blob[0]), sizeof(blob[1])};
-	int rc = 0;
-
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_context_create(&c[i]);
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_peer_create(c[i], &p[i]);
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_peer_blob(p[i], blob[i], &len[i]);
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_peer_connect(p[i], blob[1 - i], len[1 - i]);
-	return rc;
-}
+#include "bench.h"
 
 int main(int argc, char **argv)
 {
@@ -44,7 +28,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	setenv("TFAB_PROVIDER", "shm", 0);
-	rc = pair(c, p);
+	rc = bench_pair(c, p);
 	if (rc) {
 		fprintf(stderr, "progress-idle: %s\n", tfab_strerror(rc));
 		return 1;

@@ -22,30 +22,15 @@
 
 #include <tfab/tfab.h>
 
-static double now_us(clockid_t clk)
+#include "bench.h"
+
+/* This thread's CPU time, us. */
+static double thread_cpu_us(void)
 {
 	struct timespec t;
 
-	clock_gettime(clk, &t);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
 	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-/* Contexts c[0] and c[1], each with a peer p[i] connected to the other's through their blobs. */
-static int pair(struct tfab_context *c[2], struct tfab_peer *p[2])
-{
-	unsigned char blob[2][1024];
-	size_t len[2] = {sizeof(blob[0]), sizeof(blob[1])};
-	int rc = 0;
-
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_context_create(&c[i]);
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_peer_create(c[i], &p[i]);
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_peer_blob(p[i], blob[i], &len[i]);
-	for (int i = 0; i < 2 && rc == 0; i++)
-		rc = tfab_peer_connect(p[i], blob[1 - i], len[1 - i]);
-	return rc;
 }
 
 struct late {
@@ -81,7 +66,7 @@ static void *late_sender(void *arg)
 	int rc;
 
 	nanosleep(&d, NULL);
-	l->posted_us = now_us(CLOCK_MONOTONIC);
+	l->posted_us = bench_now_us();
 	rc = tfab_send_to(l->ctx, l->peer, "late", l->step, &t, false, sent, l);
 	if (rc) {
 		l->status = rc;
@@ -90,13 +75,6 @@ static void *late_sender(void *arg)
 	while (!l->done)
 		tfab_progress(l->ctx);
 	return NULL;
-}
-
-static int cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv)
@@ -116,7 +94,7 @@ int main(int argc, char **argv)
 	}
 	setenv("TFAB_PROVIDER", "shm", 0);
 	unsetenv("TFAB_PROGRESS_THREAD");
-	rc = pair(c, p);
+	rc = bench_pair(c, p);
 	if (rc) {
 		fprintf(stderr, "spin-cost: %s\n", tfab_strerror(rc));
 		return 1;
@@ -127,15 +105,15 @@ int main(int argc, char **argv)
 	}
 
 	/* A blocking receive for which nothing comes. */
-	cpu0 = now_us(CLOCK_THREAD_CPUTIME_ID);
-	wall0 = now_us(CLOCK_MONOTONIC);
+	cpu0 = thread_cpu_us();
+	wall0 = bench_now_us();
 	rc = tfab_recv_sync(c[0], p[0], "never", 0, NULL, 300, NULL, NULL);
 	if (rc != -TFAB_ERR_TIMEOUT && rc != -ETIMEDOUT) {
 		fprintf(stderr, "spin-cost: the idle receive ended with %s, not a timeout\n",
 			tfab_strerror(rc));
 		return 1;
 	}
-	idle_share = (now_us(CLOCK_THREAD_CPUTIME_ID) - cpu0) / (now_us(CLOCK_MONOTONIC) - wall0);
+	idle_share = (thread_cpu_us() - cpu0) / (bench_now_us() - wall0);
 
 	/* Blocking receives whose sends come delay_us late. */
 	for (int r = 0; r < rounds; r++) {
@@ -145,7 +123,7 @@ int main(int argc, char **argv)
 
 		pthread_create(&th, NULL, late_sender, &l);
 		rc = tfab_recv_sync(c[0], p[0], "late", r, NULL, 10000, &t, NULL);
-		wake[r] = now_us(CLOCK_MONOTONIC);
+		wake[r] = bench_now_us();
 		pthread_join(th, NULL);
 		if (rc || l.status) {
 			fprintf(stderr, "spin-cost: late send %d: %s\n", r,
@@ -155,7 +133,7 @@ int main(int argc, char **argv)
 		wake[r] -= l.posted_us;
 		t->deleter(t);
 	}
-	qsort(wake, (size_t)rounds, sizeof(double), cmp);
+	bench_median(wake, rounds);
 	for (int i = 0; i < 2; i++) {
 		tfab_peer_destroy(p[i]);
 		tfab_context_destroy(c[i]);
@@ -163,7 +141,7 @@ int main(int argc, char **argv)
 
 	/* An idle progress thread. */
 	setenv("TFAB_PROGRESS_THREAD", "1", 1);
-	rc = pair(c, p);
+	rc = bench_pair(c, p);
 	if (rc) {
 		fprintf(stderr, "spin-cost: %s\n", tfab_strerror(rc));
 		return 1;
@@ -174,14 +152,14 @@ int main(int argc, char **argv)
 
 		nanosleep(&settle, NULL);
 		getrusage(RUSAGE_SELF, &u0);
-		wall0 = now_us(CLOCK_MONOTONIC);
+		wall0 = bench_now_us();
 		nanosleep(&idle, NULL);
 		getrusage(RUSAGE_SELF, &u1);
 		thread_share = ((double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec) * 1e6 +
 				(double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec) +
 				(double)(u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) * 1e6 +
 				(double)(u1.ru_stime.tv_usec - u0.ru_stime.tv_usec)) /
-			       (now_us(CLOCK_MONOTONIC) - wall0);
+			       (bench_now_us() - wall0);
 	}
 	for (int i = 0; i < 2; i++) {
 		tfab_peer_destroy(p[i]);
