@@ -505,7 +505,8 @@ int tfab__progress_turn(struct tfab_context *ctx, unsigned pause_us);
  * The polling policy of a thread that waits (TFAB_SPIN_US for a blocking receive,
  * TFAB_PROGRESS_SPIN_US for the progress thread): it polls without a pause for spin_us after
  * its last poll that found work, then pauses TFAB_IDLE_PAUSE_US at each poll that finds
- * nothing. tfab__spin_pause says, after a poll, how long to pause (0: poll again).
+ * nothing. tfab__spin_pause says, given whether the last poll found work, how long to pause
+ * at the next idle one (0: none).
  */
 struct tfab_spin {
 	uint64_t spin_ns;  /* TFAB_SPIN_US, in ns */

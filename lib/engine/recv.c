@@ -1129,7 +1129,7 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 	struct tfab_sync_wait w = {0};
 	struct tfab_request *r = NULL;
 	struct tfab_spin spin;
-	bool gave_up = false;
+	bool gave_up = false, found = false;
 	uint64_t deadline;
 	int rc;
 
@@ -1165,10 +1165,10 @@ int tfab__recv_wait(struct tfab_context *ctx, struct tfab_peer *peer, const char
 			tfab__cond_wait_until(ctx, gave_up ? now + 100 : deadline);
 		} else {
 			/* past TFAB_SPIN_US without work (or given up), each idle turn pauses */
-			unsigned pause_us = tfab__spin_pause(&spin, false);
+			unsigned pause_us =
+			    gave_up ? TFAB_IDLE_PAUSE_US : tfab__spin_pause(&spin, found);
 
-			if (tfab__progress_turn(ctx, gave_up ? TFAB_IDLE_PAUSE_US : pause_us) > 0)
-				tfab__spin_pause(&spin, true);
+			found = tfab__progress_turn(ctx, pause_us) > 0;
 		}
 	}
 	tfab__peers_flush(ctx, false); /* the TAKEN that progress held: nothing follows it here */

@@ -1,7 +1,7 @@
 /* DLPack tensors: validation, meta-data, and the library-allocated DLManagedTensor. */
 #include <errno.h>
-#include <stdio.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

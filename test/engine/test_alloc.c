@@ -168,6 +168,14 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* A one-element float64 tensor over *v. */
+static DLTensor f64_scalar(double *v, int64_t *one)
+{
+	*one = 1;
+	return (DLTensor){
+	    .data = v, .device = {kDLCPU, 0}, .ndim = 1, .dtype = {kDLFloat, 64, 1}, .shape = one};
+}
+
 /*
  * n fetches of "k" from step *step on: c[1] sends, c[0] receives, the receive first when
  * recv_first; into dest when not NULL. Both contexts' progress is driven here.
@@ -175,12 +183,8 @@ static int teardown(void **state)
 static void fetches(struct pair *pr, int64_t *step, int n, bool recv_first, DLTensor *dest)
 {
 	static double value = 8.0;
-	int64_t shape[1] = {1};
-	DLTensor t = {.data = &value,
-		      .device = {kDLCPU, 0},
-		      .ndim = 1,
-		      .dtype = {kDLFloat, 64, 1},
-		      .shape = shape};
+	int64_t one;
+	DLTensor t = f64_scalar(&value, &one);
 
 	for (int i = 0; i < n; i++, (*step)++) {
 		struct fetch f = {0};
@@ -245,12 +249,8 @@ static void test_send_first_library_tensor(void **state)
 static void test_recv_first_caller_tensor(void **state)
 {
 	static double into;
-	int64_t shape[1] = {1};
-	DLTensor dest = {.data = &into,
-			 .device = {kDLCPU, 0},
-			 .ndim = 1,
-			 .dtype = {kDLFloat, 64, 1},
-			 .shape = shape};
+	int64_t one;
+	DLTensor dest = f64_scalar(&into, &one);
 
 	expect_no_allocations(*state, true, &dest);
 }
