@@ -140,6 +140,15 @@ TFAB_EXPORT int tfab_peer_fabric(const struct tfab_peer *peer, const char **back
  */
 TFAB_EXPORT int tfab_peer_status(struct tfab_peer *peer);
 /**
+ * 1 where the peer said that it leaves: its process destroyed it (tfab_peer_destroy, or its
+ * world's leave or its context's destroy, which say so on the bootstrap connection first), 0
+ * where it did not (it works, or it died, stopped or was cut off), or -EINVAL. So of the
+ * peers that failed, those that left after a failure of their own (a rank that gave up on
+ * a collective) are told apart from the one that died. Peers made from blobs have no
+ * bootstrap connection: 1 only where their LEAVE came (doc/protocol.md).
+ */
+TFAB_EXPORT int tfab_peer_left(struct tfab_peer *peer);
+/**
  * Fails the peer's pending operations with -TFAB_ERR_ABORTED and frees it. It may wait, up to
  * 2 s each, for the peer to read what we owe it and for our writes to it to end, but no
  * longer than 100 ms without either moving: a stopped peer costs about 200 ms. The context's

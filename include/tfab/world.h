@@ -77,6 +77,16 @@ TFAB_EXPORT struct tfab_peer *tfab_world_peer(struct tfab_world *w, int rank);
  * -EBUSY (nothing done) while a collective of the world has not called back.
  */
 TFAB_EXPORT int tfab_world_leave(struct tfab_world *w);
+/**
+ * The ranks whose peers have failed, in the order this rank learned of their failures: the
+ * first n of them in ranks, and how many there are. So the rank that died is told from those
+ * that failed after it, whichever their numbers: a rank that gave up on a collective with
+ * this one and left (tfab_peer_left() tells those) may come before this rank's own verdict
+ * on the dead one, but never before a verdict already given. Ranks already failed when the
+ * join ended come first, in rank order. -EOPNOTSUPP for a context's second world (the
+ * engine reports failures to the first only), -EINVAL.
+ */
+TFAB_EXPORT int tfab_world_failed(struct tfab_world *w, int *ranks, int n);
 
 /**
  * @name Collectives

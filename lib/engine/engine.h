@@ -156,6 +156,7 @@ struct tfab_peer {
 	uint64_t inflight;     /* bytes of pool destinations its requests hold */
 	uint64_t closed_at_ms; /* when the bootstrap connection closed, or 0 */
 	uint64_t heard_ms;     /* when its last heartbeat came, or 0 before the first */
+	bool said_bye;	       /* its goodbye came on that connection: it destroyed us */
 	/* Our inbox: the peer writes messages into it. */
 	uint8_t *inbox;
 	size_t rings_len;	  /* bytes of the inbox, and of the outbox */
@@ -477,12 +478,15 @@ void tfab__heartbeat_close(struct tfab_heartbeat *hb);
 int tfab__heartbeat_add(struct tfab_heartbeat *hb, int fd);
 /* Before the socket closes. */
 void tfab__heartbeat_remove(struct tfab_heartbeat *hb, int fd);
+/* Tells the other side of a bootstrap connection that we destroy the peer (before its end). */
+void tfab__heartbeat_bye(int fd);
 /*
- * Reads what came on a bootstrap connection, without waiting: heartbeats, or its end. Where
- * beats came, *heard_ms_p (in: the last one's, or 0) gets when the last of them arrived, in
- * tfab__coarse_ms's clock, as the kernel stamped it. Whether the connection has ended.
+ * Reads what came on a bootstrap connection, without waiting: heartbeats, a goodbye, or its
+ * end. Where beats came, *heard_ms_p (in: the last one's, or 0) gets when the last of them
+ * arrived, in tfab__coarse_ms's clock, as the kernel stamped it; where the goodbye came,
+ * *bye_p is set. Whether the connection has ended.
  */
-bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p);
+bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p, bool *bye_p);
 /*
  * When a beat stamped stamp_ns (CLOCK_REALTIME) arrived, in tfab__coarse_ms's clock, read at
  * now_ms (that clock) and real_now_ns; now_ms where that would come before floor_ms (the beat

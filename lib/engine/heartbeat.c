@@ -7,6 +7,10 @@
  *
  * The thread touches nothing but its own set of descriptors, under its own lock: a socket
  * leaves the set (tfab__heartbeat_remove) before the engine closes it.
+ *
+ * A process that destroys a peer says goodbye on its connection first (tfab__heartbeat_bye),
+ * so that the other side can tell a peer that left from one that died, whose connection ends
+ * as well (tfab_peer_left).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -21,6 +25,8 @@
 
 /* What a heartbeat is on the wire: any byte would do; this one reads well in a capture. */
 static const uint8_t BEAT = 'H';
+/* The last byte before a connection's end where the peer was destroyed, not its process. */
+static const uint8_t BYE = 'B';
 
 struct tfab_heartbeat {
 	pthread_mutex_t lock;
@@ -186,7 +192,12 @@ static uint64_t stamp_of(struct msghdr *msg)
 	return 0;
 }
 
-bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p)
+void tfab__heartbeat_bye(int fd)
+{
+	(void)send(fd, &BYE, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p, bool *bye_p)
 {
 	union {
 		struct cmsghdr align;
@@ -209,6 +220,8 @@ bool tfab__heartbeat_hear(int fd, uint64_t *heard_ms_p)
 			heard = true;
 			more = n == (ssize_t)sizeof(buf);
 			stamp = stamp_of(&msg);
+			if (memchr(buf, BYE, (size_t)n))
+				*bye_p = true;
 		} else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
 			if (heard)
 				*heard_ms_p = tfab__coarse_ms();

@@ -230,6 +230,8 @@ void tfab__peer_free(struct tfab_peer *peer)
 	peer->conn = NULL;
 	if (peer->sock >= 0) {
 		tfab__heartbeat_remove(ctx->heartbeat, peer->sock);
+		if (!peer->failed)
+			tfab__heartbeat_bye(peer->sock); /* destroyed with its context */
 		close(peer->sock);
 		peer->sock = -1;
 	}
@@ -553,6 +555,9 @@ int tfab_peer_destroy(struct tfab_peer *peer)
 	ctx = peer->ctx;
 	tfab__ctx_lock(ctx);
 	peer_leave(peer);
+	/* before the connection's end: the peer tells that we left from that we died */
+	if (peer->sock >= 0 && !peer->failed)
+		tfab__heartbeat_bye(peer->sock);
 	tfab__peer_fail(peer, -TFAB_ERR_ABORTED);
 	if (!peer_drain(peer))
 		TFAB_INFO(SUBSYS,
@@ -1566,9 +1571,25 @@ static bool bootstrap_closed(struct tfab_peer *peer)
 {
 	if (peer->sock < 0)
 		return false;
-	if (!peer->closed_at_ms && tfab__heartbeat_hear(peer->sock, &peer->heard_ms))
+	if (!peer->closed_at_ms &&
+	    tfab__heartbeat_hear(peer->sock, &peer->heard_ms, &peer->said_bye))
 		peer->closed_at_ms = tfab__coarse_ms();
 	return peer->closed_at_ms != 0;
+}
+
+int tfab_peer_left(struct tfab_peer *peer)
+{
+	int left;
+
+	if (!peer)
+		return -EINVAL;
+	tfab__ctx_lock(peer->ctx);
+	/* A failed peer's connection is read no more: its goodbye may have come since. */
+	if (peer->failed && !peer->left && !peer->said_bye)
+		(void)bootstrap_closed(peer);
+	left = peer->left || peer->said_bye;
+	tfab__ctx_unlock(peer->ctx);
+	return left;
 }
 
 int tfab__peer_write_status(struct tfab_peer *peer, int status)
@@ -1705,8 +1726,11 @@ void tfab__peers_check_liveness(struct tfab_context *ctx)
 		if (bootstrap_closed(peer)) {
 			if (now >= peer->closed_at_ms + CLOSE_GRACE_MS)
 				tfab__peer_fail_why(peer, -TFAB_ERR_PEER_FAILED,
-						    "its bootstrap connection closed: its process "
-						    "ended, or it left");
+						    peer->said_bye
+							? "it left: its bootstrap connection "
+							  "closed after its goodbye"
+							: "its bootstrap connection closed: its "
+							  "process ended, or it left");
 			continue;
 		}
 		if (silence && peer->heard_ms && now > peer->heard_ms + silence) {

@@ -1369,6 +1369,19 @@ static PyObject *peer_get_status(struct tfabpy_peer *p, void *closure)
 	return PyLong_FromLong(tfab_peer_status(p->peer));
 }
 
+static PyObject *peer_get_left(struct tfabpy_peer *p, void *closure)
+{
+	int rc;
+
+	(void)closure;
+	if (!peer_usable(p))
+		return NULL;
+	rc = tfab_peer_left(p->peer);
+	if (rc < 0)
+		return tfabpy_raise(rc, "peer left");
+	return PyBool_FromLong(rc);
+}
+
 static PyObject *peer_get_fabric(struct tfabpy_peer *p, void *closure)
 {
 	const char *backend, *fabric, *domain;
@@ -1412,6 +1425,10 @@ static PyGetSetDef peer_getset[] = {
      "The path the peer is on ('shm', 'verbs', 'ofi:tcp'), None before it is connected.", NULL},
     {"status", (getter)peer_get_status, NULL,
      "0 while the peer works, else the (negative) status its operations fail with.", NULL},
+    {"left", (getter)peer_get_left, NULL,
+     "Whether the peer said that it leaves (its side destroyed it, its world or its context), "
+     "where a peer that died or stopped says nothing.",
+     NULL},
     {"fabric", (getter)peer_get_fabric, NULL, "(backend, fabric, domain) of its path.", NULL},
     {"_context", (getter)peer_get_context, NULL, NULL, NULL},
     {"_id", (getter)peer_get_id, NULL, NULL, NULL},

@@ -1055,6 +1055,41 @@ static PyObject *world_get_size(struct tfabpy_world *self, void *closure)
 	return PyLong_FromLong(tfab_world_size(self->w));
 }
 
+/* The ranks failed, in the order this rank learned it; None where the engine tells another world. */
+static PyObject *world_get_failed(struct tfabpy_world *self, void *closure)
+{
+	PyObject *list;
+	int *ranks;
+	int size, n;
+
+	(void)closure;
+	if (!world_usable(self))
+		return NULL;
+	size = tfab_world_size(self->w);
+	ranks = PyMem_Malloc((size_t)size * sizeof(*ranks));
+	if (!ranks)
+		return PyErr_NoMemory();
+	n = tfab_world_failed(self->w, ranks, size);
+	if (n == -EOPNOTSUPP) {
+		PyMem_Free(ranks);
+		Py_RETURN_NONE;
+	}
+	if (n < 0) {
+		PyMem_Free(ranks);
+		return tfabpy_raise(n, "world failed");
+	}
+	list = PyList_New(0);
+	for (int i = 0; list && i < n && i < size; i++) {
+		PyObject *r = PyLong_FromLong(ranks[i]);
+
+		if (!r || PyList_Append(list, r) < 0)
+			Py_CLEAR(list);
+		Py_XDECREF(r);
+	}
+	PyMem_Free(ranks);
+	return list;
+}
+
 static PyObject *world_get_joined(struct tfabpy_world *self, void *closure)
 {
 	(void)closure;
@@ -1088,6 +1123,7 @@ static PyGetSetDef world_getset[] = {
     {"rank", (getter)world_get_rank, NULL, NULL, NULL},
     {"size", (getter)world_get_size, NULL, NULL, NULL},
     {"joined", (getter)world_get_joined, NULL, NULL, NULL},
+    {"failed", (getter)world_get_failed, NULL, NULL, NULL},
     {"inflight", (getter)world_get_inflight, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -219,8 +219,11 @@ void tfab__coll_joined(struct tfab_world *w)
 	pthread_mutex_lock(&w->coll_lock);
 	w->joined = true;
 	w->aborted = tfab__ctx_aborted(ctx);
-	for (int r = 0; r < w->size; r++)
+	for (int r = 0; r < w->size; r++) {
 		w->rank_failed[r] = w->peers[r] ? tfab__peer_failed(w->peers[r]) : 0;
+		if (w->rank_failed[r])
+			w->failed_order[w->nfailed++] = r; /* in the join: no order known */
+	}
 	pthread_mutex_unlock(&w->coll_lock);
 	tfab__ctx_unlock(ctx);
 }
@@ -2243,8 +2246,10 @@ static bool on_fail(void *arg, struct tfab_peer *peer, int status)
 	if (!peer && !w->aborted)
 		w->aborted = status;
 	for (int r = 0; peer && w->joined && r < w->size; r++) {
-		if (w->peers[r] == peer && !w->rank_failed[r])
+		if (w->peers[r] == peer && !w->rank_failed[r]) {
 			w->rank_failed[r] = status;
+			w->failed_order[w->nfailed++] = r;
+		}
 	}
 	any = fail_posted(w, peer, status, 0, 0) || !tfab__list_empty(&w->fast);
 	pthread_mutex_unlock(&w->coll_lock);
@@ -2289,6 +2294,22 @@ static bool started_before(struct tfab_world *w, uint64_t seq)
 			return true;
 	}
 	return false;
+}
+
+int tfab_world_failed(struct tfab_world *w, int *ranks, int n)
+{
+	int nfailed;
+
+	if (!w || n < 0 || (n && !ranks))
+		return -EINVAL;
+	if (!w->hooked)
+		return -EOPNOTSUPP; /* the engine reports failures to another world */
+	pthread_mutex_lock(&w->coll_lock);
+	nfailed = w->nfailed;
+	for (int i = 0; i < n && i < nfailed; i++)
+		ranks[i] = w->failed_order[i];
+	pthread_mutex_unlock(&w->coll_lock);
+	return nfailed;
 }
 
 int tfab_world_wait(struct tfab_world *w, int timeout_ms)

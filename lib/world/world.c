@@ -745,6 +745,7 @@ static void world_free(struct tfab_world *w)
 	free(w->peers);
 	free(w->recs);
 	free(w->rank_failed);
+	free(w->failed_order);
 	free(w);
 }
 
@@ -776,7 +777,8 @@ static int world_join(struct tfab_context *ctx, const struct tfab_world_args *ar
 	w->recs = calloc((size_t)w->size, sizeof(*w->recs));
 	w->peers = calloc((size_t)w->size, sizeof(*w->peers));
 	w->rank_failed = calloc((size_t)w->size, sizeof(*w->rank_failed));
-	if (!w->recs || !w->peers || !w->rank_failed) {
+	w->failed_order = calloc((size_t)w->size, sizeof(*w->failed_order));
+	if (!w->recs || !w->peers || !w->rank_failed || !w->failed_order) {
 		world_free(w);
 		return -ENOMEM;
 	}

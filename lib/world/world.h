@@ -85,10 +85,13 @@ struct tfab_world {
 	unsigned nearly;
 	/*
 	 * Once joined (tfab__coll_joined): each rank's peer's failure, and the context's abort,
-	 * as the engine reported them (coll.c, on_fail), so that an eager receive fails at once.
+	 * as the engine reported them (coll.c, on_fail), so that an eager receive fails at once;
+	 * the nfailed ranks failed, in the order reported (tfab_world_failed).
 	 */
 	bool joined;
 	int *rank_failed;
+	int *failed_order;
+	int nfailed;
 	int aborted;
 	struct tfab_htable residuals; /* error feedback of compressed allreduces, by key */
 	/*

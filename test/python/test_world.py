@@ -174,6 +174,7 @@ def test_world_of_one_lifetimes_and_refusals():
     with tfabtest.context() as ctx:
         w = tfab.World(ctx, rank=0, size=1, name="solo")
         assert (w.rank, w.size, w.name(), w.joined) == (0, 1, "solo", True)
+        assert w.failed == []  # none yet, in the order seen
         with pytest.raises(ValueError, match="one per context"):
             tfab.World(ctx, rank=0, size=1)
         # The tensors are held until the future completes, and let go after.

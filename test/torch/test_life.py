@@ -62,8 +62,10 @@ def killed_rank(rank, size):
     try:
         work.wait()
     except RuntimeError as e:
-        # Stay a while: a survivor that leaves at once may be the first failed peer the
-        # other survivor sees, and named (doc/torch.md, "Faults, timeouts, the end")
+        # Stay a while: a survivor that leaves at once may fail on the other one before the
+        # liveness period allowed there for the dead rank's verdict has passed, and be named
+        # (doc/torch.md, "Faults, timeouts, the end"). Later, as here, it fails after the
+        # dead rank, and may end the other one's collective (its dead tensors go as it leaves)
         time.sleep(1)
         return str(e)
     return "no error"
@@ -75,6 +77,52 @@ def test_killed_rank_named_on_every_other():
     for r in range(2):
         assert "rank 2" in got[r] and "failed" in got[r], got[r]
         assert "timed out" not in got[r], got[r]
+
+
+def _seen_failed(g, rank):
+    """Drives progress until this rank has seen rank's peer fail."""
+    end = time.monotonic() + 30
+    while not g._world.peer(rank).status:
+        assert time.monotonic() < end, "rank %d not seen failed in 30 s" % rank
+        g._ctx._c.progress()
+        time.sleep(0.001)
+
+
+def two_gone_rank(rank, size, tmp, how):
+    g = dist.distributed_c10d._get_default_group()
+    dist.all_reduce(torch.ones(4))
+    first, then = (0, 2) if how == "left" else (2, 0)
+    if rank == first:
+        if how == "left":  # as a rank that gave up on a collective leaves
+            dist.destroy_process_group()
+            return "left"
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == then:  # once rank 1 has seen the first one gone
+        while not os.path.exists(os.path.join(tmp, "go")):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _seen_failed(g, first)
+    open(os.path.join(tmp, "go"), "w").close()
+    _seen_failed(g, then)
+    order = g._world.failed
+    try:
+        dist.all_reduce(torch.ones(4))
+        got = "no error"
+    except RuntimeError as e:
+        got = str(e)
+    dist.destroy_process_group()
+    return order, got
+
+
+@pytest.mark.parametrize("how", ["left", "died"])
+def test_dead_rank_named_not_the_one_that_left_or_came_after(how, tmp_path):
+    # left: rank 0 leaves, then rank 2 dies: rank 2, though rank 0 failed first and is lower.
+    # died: rank 2 dies, then rank 0 dies: rank 2, the first seen, though rank 0 is lower.
+    got = ranks.run(3, two_gone_rank, str(tmp_path), how,
+                    expect_fail=(2,) if how == "left" else (0, 2), destroy=False)
+    order, err = got[1]
+    assert order == ([0, 2] if how == "left" else [2, 0]), order
+    assert "rank 2 died" in err and "rank 0" not in err, err
 
 
 def late_rank(rank, size):

@@ -2,7 +2,7 @@
  * Unit tests for the reading side of heartbeats (lib/engine/heartbeat.c): a beat counts as heard
  * when it arrived, as the kernel stamped it, not when progress got round to reading it; a stamp
  * older than the beat before it (the wall clock stepped) counts as now; a connection's end is
- * told. And the writing side: after a stall (a stopped process) the beats go on one an
+ * told, and a goodbye before it (the peer was destroyed, not its process). And the writing side: after a stall (a stopped process) the beats go on one an
  * interval, not in a burst of the ones missed.
  */
 #include <stdarg.h>
@@ -82,6 +82,7 @@ static void test_heard_when_it_came(void **state)
 {
 	struct tfab_heartbeat *hb;
 	uint64_t heard = 0, sent;
+	bool bye = false;
 	int a, b;
 
 	(void)state;
@@ -92,27 +93,39 @@ static void test_heard_when_it_came(void **state)
 	/* the first stamps may wait for the kernel to switch them on (deferred work) */
 	assert_int_equal(write(a, "H", 1), 1);
 	sleep_ms(100);
-	assert_false(tfab__heartbeat_hear(b, &heard));
+	assert_false(tfab__heartbeat_hear(b, &heard, &bye));
 	assert_true(heard != 0);
 
 	sent = tfab__coarse_ms();
 	assert_int_equal(write(a, "HH", 2), 2);
 	sleep_ms(300);
-	assert_false(tfab__heartbeat_hear(b, &heard));
+	assert_false(tfab__heartbeat_hear(b, &heard, &bye));
 	/* the coarse clock ticks every few ms; the read came 300 ms later */
 	assert_true(heard + 20 >= sent);
 	assert_true(heard <= sent + 100);
 
 	/* nothing more: nothing changes */
 	sent = heard;
-	assert_false(tfab__heartbeat_hear(b, &heard));
+	assert_false(tfab__heartbeat_hear(b, &heard, &bye));
 	assert_int_equal(heard, sent);
 
-	/* the peer's end is told */
+	/* beats are no goodbye; the peer's goodbye, then its end, are told */
+	assert_false(bye);
+	tfab__heartbeat_bye(a);
 	close(a);
-	assert_true(tfab__heartbeat_hear(b, &heard));
+	assert_true(tfab__heartbeat_hear(b, &heard, &bye));
+	assert_true(bye);
 	tfab__heartbeat_remove(hb, b);
 	tfab__heartbeat_close(hb);
+	close(b);
+
+	/* an end without one (the process died) */
+	bye = false;
+	tcp_pair(&a, &b);
+	assert_int_equal(write(a, "H", 1), 1);
+	close(a);
+	assert_true(tfab__heartbeat_hear(b, &heard, &bye));
+	assert_false(bye);
 	close(b);
 }
 

@@ -1006,6 +1006,13 @@ class World:
         left."""
         return self._w.peer(rank)
 
+    @property
+    def failed(self):
+        """The ranks whose peers have failed, in the order this rank learned it (the first
+        failure seen first; ``peer(r).left`` tells a rank that left from one that died), or
+        None for a context's second world, whose failures the engine reports to the first."""
+        return self._w.failed
+
     # Life
 
     def wait(self, timeout=None) -> None:

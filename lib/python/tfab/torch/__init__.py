@@ -411,11 +411,13 @@ class ProcessGroupTfab(dist.ProcessGroup):
                            "the group is aborted" % (call, secs))
 
     def _dead_rank(self, drive):
-        """(rank, status) of the peer that failed first as this rank saw it, or None. A
-        failure passed on by a neighbour may come before our own verdict on the rank that
-        died, so this allows one liveness period for it, driving progress (drive: not from
-        a callback) so that the verdict comes, and takes the first peer seen failed: a
-        neighbour that failed with us and left comes later."""
+        """(rank, status) of the peer whose failure failed the collective, or None. Peers
+        in the order this rank saw them fail (World.failed), and of those the first that did
+        not leave: a rank that gave up on the same collective and left may fail before our
+        own verdict on the rank that died, whatever their numbers. A failure passed on by a
+        neighbour may come before that verdict too, so this allows one liveness period for
+        it, driving progress (drive: not from a callback) so that the verdict comes; past
+        it, the first peer seen failed, though it left."""
         end = _time.monotonic() + 0.2
         progress = self._ctx._c.progress
         while True:
@@ -424,18 +426,31 @@ class ProcessGroupTfab(dist.ProcessGroup):
                     progress()
                 except _tfab.Error:
                     drive = False
-            for r in range(self.size()):
-                if r == self.rank():
-                    continue
-                try:
-                    st = self._world.peer(r).status
-                except Exception:  # the world was left
-                    return None
-                if st:
+            try:
+                failed = self._failed()
+            except Exception:  # the world was left
+                return None
+            for r, st, left in failed:
+                if not left:
                     return r, st
             if _time.monotonic() > end:
-                return None
+                return failed[0][:2] if failed else None
             _time.sleep(0.001 if drive else 0.01)
+
+    def _failed(self):
+        """[(rank, status, left)] of the failed peers, in the order seen; where the world
+        does not know it (a context's second world), in rank order."""
+        w, me = self._world, self.rank()
+        order = w.failed
+        if order is None:
+            order = [r for r in range(self.size()) if r != me]
+        got = []
+        for r in order:
+            peer = w.peer(r)
+            st = peer.status
+            if st:
+                got.append((r, st, peer.left))
+        return got
 
     def _runtime_error(self, call, error, drive=False):
         dead = self._dead_rank(drive) if isinstance(error, _tfab.Error) else None
