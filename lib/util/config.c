@@ -359,11 +359,11 @@ static const struct tfab_config_entry table[] = {
      "1 starts a progress thread per context; 0 leaves progress to tfab_progress() and blocking "
      "receives",
      FIELD(progress_thread), &parser_uint, 0, 1},
-    {"TFAB_SPIN_US", "3600000000",
+    {"TFAB_SPIN_US", "10000",
      "Microseconds a blocking receive keeps polling without a pause after its last poll that "
      "found work; past them each poll that finds nothing gives the core up for 20 us. The "
-     "default, an hour, never pauses in practice (least latency, a core while it waits); 0 "
-     "pauses at once (least CPU); 10000 frees the core in waits past 10 ms",
+     "default, 10 ms, frees the core in longer waits; 0 pauses at once (least CPU); "
+     "3600000000 (an hour) never pauses in practice (least latency, a core while it waits)",
      FIELD(spin_us), &parser_uint, 0, 3600000000u},
     {"TFAB_PROGRESS_SPIN_US", "0",
      "The same for the progress thread (TFAB_PROGRESS_THREAD=1): microseconds it keeps "
