@@ -18,7 +18,7 @@
 enum { PERF_RAW = 1, PERF_TENSOR = 2, PERF_MEMCPY = 4, PERF_ALLREDUCE = 8 };
 
 /* The most ranks tfab-perf allreduce starts. */
-#define PERF_MAX_RANKS 64
+#define PERF_MAX_RANKS 1024
 
 struct perf_opts {
 	unsigned tests; /* PERF_MEMCPY | PERF_RAW | PERF_TENSOR, or PERF_ALLREDUCE alone */
@@ -35,6 +35,7 @@ struct perf_opts {
 	unsigned no_request;	/* tensor: requests kept standing ahead per key (0: off) */
 	unsigned request_bytes; /* raw: a message of this many bytes each way per round (0: none) */
 	bool breakdown;		/* tensor: each side's ping-pong round by call, on stderr */
+	bool footprint;		/* allreduce: the world's join time and per-rank footprint */
 	int timeout_ms;		/* bound of every wait */
 	const char *listen_port; /* --listen */
 	const char *connect_to;	 /* --connect */

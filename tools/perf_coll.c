@@ -7,6 +7,7 @@
  * for before the next starts; a barrier comes before the timed ones. With --verify every
  * result is checked (small integers in fp32: exact sums).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -135,7 +136,96 @@ static int rank_size(struct tfab_world *w, const struct perf_opts *o, size_t siz
 	return verified ? 0 : -EIO;
 }
 
-/* One rank: join, then every size. */
+/*
+ * What this rank holds, for the world's footprint row: its proportional share (Pss) of its
+ * memory, of what it alone holds (anonymous memory and mapped files: the libraries' pages
+ * count a share to each process that maps them) and of shared memory (the rings and segments
+ * it maps with other ranks: a ring two ranks map counts half to each), in kB; its open file
+ * descriptors; and the world's peers it has connected.
+ */
+struct footprint {
+	double rss_kb, shm_kb, fds, peers;
+};
+
+/* A field of /proc/self/smaps_rollup, kB (0 where the kernel has none). */
+static double rollup_kb(const char *text, const char *field)
+{
+	const char *at = strstr(text, field);
+
+	return at ? strtod(at + strlen(field), NULL) : 0;
+}
+
+static void footprint_of(struct tfab_world *w, struct footprint *fp)
+{
+	DIR *d = opendir("/proc/self/fd");
+	FILE *f = fopen("/proc/self/smaps_rollup", "r");
+	char text[4096];
+	size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+
+	text[n] = '\0';
+	if (f)
+		fclose(f);
+	fp->rss_kb = rollup_kb(text, "\nPss_Anon:") + rollup_kb(text, "\nPss_File:");
+	fp->shm_kb = rollup_kb(text, "\nPss_Shmem:");
+	fp->fds = 0;
+	while (d && readdir(d))
+		fp->fds++;
+	if (d) {
+		fp->fds -= 3; /* ".", ".." and the directory's own */
+		closedir(d);
+	}
+	fp->peers = 0;
+	for (int r = 0; r < tfab_world_size(w); r++)
+		fp->peers += r != tfab_world_rank(w) && w->peers[r];
+}
+
+/*
+ * The world's row: the slowest rank's join and, per rank, the mean footprint (and the most
+ * peers one rank connected), gathered by two allreduces.
+ */
+static int footprint_report(struct tfab_world *w, const struct perf_opts *o, double join_ms,
+			    const char *path)
+{
+	struct footprint fp;
+	double sum[5], max[5];
+	int64_t five = 5;
+	DLTensor ts = {.data = sum,
+		       .device = {kDLCPU, 0},
+		       .ndim = 1,
+		       .dtype = {kDLFloat, 64, 1},
+		       .shape = &five};
+	DLTensor tm = ts;
+	int n = tfab_world_size(w), rc;
+
+	footprint_of(w, &fp);
+	sum[0] = max[0] = join_ms;
+	sum[1] = max[1] = fp.rss_kb;
+	sum[2] = max[2] = fp.shm_kb;
+	sum[3] = max[3] = fp.fds;
+	sum[4] = max[4] = fp.peers;
+	tm.data = max;
+	rc = allreduce(w, &ts, &ts, TFAB_OP_SUM, o->timeout_ms);
+	if (rc == 0)
+		rc = allreduce(w, &tm, &tm, TFAB_OP_MAX, o->timeout_ms);
+	if (rc || tfab_world_rank(w) != 0)
+		return rc;
+	if (o->json) {
+		printf("{\"test\":\"world\",\"path\":");
+		json_str(stdout, path);
+		printf(",\"ranks\":%d,\"join_ms\":%.1f,\"rss_kb\":%.0f,\"shm_kb\":%.0f,"
+		       "\"fds\":%.1f,\"peers\":%.1f,\"peers_max\":%.0f}\n",
+		       n, max[0], sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, max[4]);
+	} else {
+		printf("# world of %d: join %.1f ms (the slowest rank); per rank %.0f kB of its "
+		       "own, %.0f kB of shared memory, %.1f fds, %.1f peers connected (at most "
+		       "%.0f)\n",
+		       n, max[0], sum[1] / n, sum[2] / n, sum[3] / n, sum[4] / n, max[4]);
+	}
+	fflush(stdout);
+	return 0;
+}
+
+/* One rank: join, then every size, then (--footprint) the world's footprint. */
 static int rank_main(const struct perf_opts *o)
 {
 	size_t max = 4;
@@ -143,6 +233,7 @@ static int rank_main(const struct perf_opts *o)
 	struct tfab_world *w;
 	float *in = NULL, *out = NULL;
 	const char *path = "self";
+	uint64_t join_ns;
 	int rc;
 
 	for (int i = 0; i < o->nsizes; i++)
@@ -152,7 +243,9 @@ static int rank_main(const struct perf_opts *o)
 		fprintf(stderr, "tfab-perf allreduce: context: %s\n", tfab_strerror(rc));
 		return rc;
 	}
+	join_ns = tfab__now_ns();
 	rc = tfab_world_join(ctx, NULL, &w);
+	join_ns = tfab__now_ns() - join_ns;
 	if (rc) {
 		fprintf(stderr, "tfab-perf allreduce: joining the world: %s\n", tfab_strerror(rc));
 		tfab_context_destroy(ctx);
@@ -170,6 +263,8 @@ static int rank_main(const struct perf_opts *o)
 		    tfab_world_size(w), path);
 	for (int i = 0; i < o->nsizes && rc == 0; i++)
 		rc = rank_size(w, o, o->sizes[i], in, out, path);
+	if (rc == 0 && o->footprint)
+		rc = footprint_report(w, o, (double)join_ns / 1e6, path);
 	if (rc && rc != -EIO)
 		fprintf(stderr, "tfab-perf allreduce: rank %d: %s\n", tfab_world_rank(w),
 			tfab_strerror(rc));

@@ -130,7 +130,11 @@ static void usage(FILE *f)
 	    "                       the ping-pong's rounds: progress calls that found work\n"
 	    "                       (callbacks included), those that found none, tfab_send,\n"
 	    "                       tfab_recv, and the tool's own loop (on stderr)\n"
-	    "      --ranks N        allreduce: local ranks to start (default 4, at most 64)\n"
+	    "      --ranks N        allreduce: local ranks to start (default 4, at most 1024)\n"
+	    "      --footprint      allreduce: after the sizes, a row for the world: the\n"
+	    "                       slowest rank's join (ms) and per rank the memory of its\n"
+	    "                       own and its share of shared memory (kB), fds and peers\n"
+	    "                       connected (means) (default off)\n"
 	    "      --timeout MS     bound of every wait (default 120000)\n"
 	    "      --json           one JSON object per size (default: a table)\n"
 	    "      --listen PORT    be the server, on this TCP port (default: a local pair)\n"
@@ -146,7 +150,8 @@ static void usage(FILE *f)
 	    "backend memcpy, window the destinations and lat_us the time of one copy; -n, -s,\n"
 	    "-w and --verify apply to them, the fabric's options do not. allreduce objects\n"
 	    "have test, path, algo, bytes, ranks, iters, lat_us, algbw_GBps, busbw_GBps and\n"
-	    "verified.\n",
+	    "verified; --footprint's has test \"world\", path, ranks, join_ms, rss_kb, shm_kb,\n"
+	    "fds, peers and peers_max.\n",
 	    f);
 }
 
@@ -221,7 +226,8 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 		OPT_NO_REQUEST,
 		OPT_REQUEST_BYTES,
 		OPT_BREAKDOWN,
-		OPT_RANKS
+		OPT_RANKS,
+		OPT_FOOTPRINT
 	};
 	static const struct option longopts[] = {
 	    {"sizes", required_argument, NULL, 's'},
@@ -236,6 +242,7 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 	    {"device", required_argument, NULL, OPT_DEVICE},
 	    {"timeout", required_argument, NULL, OPT_TIMEOUT},
 	    {"ranks", required_argument, NULL, OPT_RANKS},
+	    {"footprint", no_argument, NULL, OPT_FOOTPRINT},
 	    {"json", no_argument, NULL, OPT_JSON},
 	    {"listen", required_argument, NULL, OPT_LISTEN},
 	    {"connect", required_argument, NULL, OPT_CONNECT},
@@ -283,6 +290,9 @@ static int parse_args(int argc, char **argv, struct perf_opts *o, const char **p
 			break;
 		case OPT_BREAKDOWN:
 			o->breakdown = true;
+			break;
+		case OPT_FOOTPRINT:
+			o->footprint = true;
 			break;
 		case OPT_NO_REQUEST:
 			v = 16;

@@ -192,7 +192,8 @@ want = {
     "--json": "(default: a table)",
     "--listen": "(default: a local pair)",
     "--connect": "",
-    "--ranks": "(default 4, at most 64)",
+    "--ranks": "(default 4, at most 1024)",
+    "--footprint": "connected (means) (default off)",
     "--request-bytes": "(at most 1024; default 0: none)",
     "--breakdown": "tfab_recv, and the tool",
     "--help": "",
@@ -278,6 +279,19 @@ for r in rows:
     assert r["lat_us"] > 0 and abs(r["busbw_GBps"] - r["algbw_GBps"] * 4 / 3) < 1e-3, r
 assert [r["algo"] for r in rows] == ["direct", "ring"], rows
 ' "$out/ar"
+"$bin/tfab-perf" allreduce --ranks 3 -s 8 -n 10 --json --footprint >"$out/fp" 2>"$out/err"
+check "tfab-perf allreduce --footprint exits 0" [ $? = 0 ]
+check "... a row for the world after the sizes': its join, and per rank memory, fds and peers" \
+	python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["test"] for r in rows] == ["allreduce", "world"], rows
+w = rows[1]
+assert w["ranks"] == 3 and w["peers"] == 2 and w["peers_max"] == 2, w
+assert w["join_ms"] > 0 and w["rss_kb"] > 0 and w["fds"] >= 3, w
+if w["path"] == "shm":
+    assert w["shm_kb"] > 0, w  # the rings to the two peers
+' "$out/fp"
 "$bin/tfab-perf" allreduce,raw >/dev/null 2>"$out/err"
 check "tfab-perf allreduce with another test is refused" [ $? = 2 ]
 check "... saying why" grep -q 'allreduce runs alone' "$out/err"
