@@ -182,8 +182,9 @@ struct tfab_peer {
 	/* The peer's inbox. */
 	uint64_t remote_raddr, remote_rkey;
 	uint32_t remote_slots, remote_slot_size;
-	struct tfab_htable meta;   /* struct tfab_meta_entry by key */
-	struct tfab_list requests; /* struct tfab_request, ours to this peer */
+	struct tfab_htable meta;	   /* struct tfab_meta_entry by key */
+	struct tfab_meta_entry *meta_last; /* the one found last: a fetch looks it up 2-3 times */
+	struct tfab_list requests;	   /* struct tfab_request, ours to this peer */
 	/*
 	 * The peer's requests we hold, by request index (struct tfab_response, inode): parked
 	 * ones, and those a send has answered with content (or a complete META_DATA) and whose

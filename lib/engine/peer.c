@@ -202,6 +202,7 @@ void tfab__peer_free(struct tfab_peer *peer)
 			}
 		}
 		tfab__htable_fini(&peer->meta);
+		peer->meta_last = NULL;
 	}
 	tfab__htable_fini(&peer->answers); /* its entries belong to sends and parked requests */
 	tfab__key_index_free(peer);
@@ -1759,21 +1760,35 @@ static uint64_t key_hash(const char *key, uint16_t len)
 	return tfab__hash_bytes(key, len, 0);
 }
 
+/* e, found for a lookup: the most recently used now, and the peer's first guess next time. */
+static struct tfab_meta_entry *meta_used(struct tfab_peer *peer, struct tfab_meta_entry *e)
+{
+	struct tfab_list *lru = &peer->ctx->meta_lru;
+
+	if (e->lru.next != lru) {
+		tfab__list_del(&e->lru);
+		tfab__list_add_tail(lru, &e->lru);
+	}
+	peer->meta_last = e;
+	return e;
+}
+
 struct tfab_meta_entry *tfab__peer_meta_find(struct tfab_peer *peer, const char *key,
 					     uint16_t key_len)
 {
-	uint64_t h = key_hash(key, key_len);
+	struct tfab_meta_entry *e = peer->meta_last;
+	uint64_t h;
 
+	/* A receive looks its key up as it starts and as it completes, a fetch of one key
+	 * after another the same: the string compared, not hashed and chased in the table. */
+	if (e && e->key_len == key_len && memcmp(e->key, key, key_len) == 0)
+		return meta_used(peer, e);
+	h = key_hash(key, key_len);
 	for (struct tfab_hnode *n = tfab__htable_first(&peer->meta, h); n;
 	     n = tfab__htable_next(n, h)) {
-		struct tfab_meta_entry *e = tfab_container_of(n, struct tfab_meta_entry, node);
-
-		if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0) {
-			/* the most recently used now */
-			tfab__list_del(&e->lru);
-			tfab__list_add_tail(&peer->ctx->meta_lru, &e->lru);
-			return e;
-		}
+		e = tfab_container_of(n, struct tfab_meta_entry, node);
+		if (e->key_len == key_len && memcmp(e->key, key, key_len) == 0)
+			return meta_used(peer, e);
 	}
 	return NULL;
 }
@@ -1818,6 +1833,8 @@ int tfab__peer_meta_store(struct tfab_peer *peer, const char *key, uint16_t key_
 
 		tfab__ahead_drop(old);
 		tfab__htable_remove(&old->peer->meta, &old->node);
+		if (old->peer->meta_last == old)
+			old->peer->meta_last = NULL;
 		tfab__list_del(&old->lru);
 		tfab__key_index_drop(old->peer, old);
 		ctx->meta_count--;
