@@ -111,10 +111,9 @@ static int rank_size(struct tfab_world *w, const struct perf_opts *o, size_t siz
 	if (rc)
 		return rc;
 	if (rank == 0) {
-		const char *algo = tfab__coll_algo(w, (size_t)count * 4, (size_t)count,
-						   TFAB_ALGO_AUTO) == TFAB_ALGO_RING
-				       ? "ring"
-				       : "direct";
+		static const char *const names[] = {"auto", "direct", "ring", "doubling"};
+		const char *algo =
+		    names[tfab__coll_algo(w, (size_t)count * 4, (size_t)count, TFAB_ALGO_AUTO)];
 		double lat = elapsed[0], algbw = (double)count * 4 / lat / 1e3;
 		double busbw = algbw * 2.0 * (n - 1) / n;
 

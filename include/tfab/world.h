@@ -129,9 +129,10 @@ enum tfab_compress {
 
 /** How an allreduce moves its data; AUTO chooses by size (TFAB_ALLREDUCE_SMALL). */
 enum tfab_coll_algo {
-	TFAB_ALGO_AUTO,	  /**< DIRECT or RING, by size and count */
+	TFAB_ALGO_AUTO,	  /**< by size, count and ranks: RING, DIRECT, or DOUBLING from 16 ranks */
 	TFAB_ALGO_DIRECT, /**< every rank sends all to every rank, each reduces in rank order */
 	TFAB_ALGO_RING,	  /**< reduce-scatter, then allgather, around the ring of ranks */
+	TFAB_ALGO_DOUBLING, /**< recursive doubling: log2(N) steps, each with one partner */
 };
 
 /** A collective's options (tfab_allreduce's; NULL: all zero). */

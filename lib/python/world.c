@@ -575,7 +575,7 @@ static PyObject *world_allreduce(struct tfabpy_world *self, PyObject *args)
 		return NULL;
 	if (op_arg(op) < 0)
 		return NULL;
-	if (algo < TFAB_ALGO_AUTO || algo > TFAB_ALGO_RING || compress < TFAB_COMPRESS_NONE ||
+	if (algo < TFAB_ALGO_AUTO || algo > TFAB_ALGO_DOUBLING || compress < TFAB_COMPRESS_NONE ||
 	    compress > TFAB_COMPRESS_INT8)
 		return PyErr_Format(PyExc_ValueError, "tfab: no algorithm %d or compression %d",
 				    algo, compress);

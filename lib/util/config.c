@@ -287,7 +287,8 @@ static const struct tfab_config_entry table[] = {
      FIELD(world_timeout_ms), &parser_uint, 1, 86400000},
     {"TFAB_ALLREDUCE_SMALL", "65536",
      "An allreduce of at most this many bytes goes directly from every rank to every rank (one "
-     "round); a larger one around the ring (reduce-scatter, then allgather)",
+     "round), or from 16 ranks by recursive doubling (log2(N) steps with a partner each); a "
+     "larger one around the ring (reduce-scatter, then allgather)",
      FIELD(allreduce_small), &parser_uint, 0, 1u << 30},
     {"TFAB_COLL_PIECE", "1048576",
      "Bytes per write of a collective: a ring moves each rank's part in pieces of this size, "

@@ -42,6 +42,11 @@
  * that its (key, step) pairs never meet the application's.
  */
 #define COLL_STEP(seq) (INT64_MIN + (int64_t)(seq))
+/*
+ * From this many ranks an allreduce of at most TFAB_ALLREDUCE_SMALL bytes takes recursive
+ * doubling, log2(N) steps with a partner each, rather than N-1 messages a rank at once.
+ */
+#define DOUBLING_RANKS 16
 
 enum op_kind {
 	OP_SEND,
@@ -1339,6 +1344,120 @@ static void build_direct_allreduce(struct tfab_coll *c)
 	c->fold_stride = 2; /* a send and a receive per other rank */
 }
 
+/*
+ * Recursive doubling: p ranks (the largest power of two <= N) take part, in log2(p) steps; at
+ * step s each exchanges its whole partial result with the one whose place differs in bit s,
+ * and both reduce the two (the same two operands, so the same bits on both: the operations
+ * are commutative). The first 2(N - p) ranks pair up first: the even one of each pair hands
+ * its tensor to the odd one, which takes part with the two reduced, and takes the result back
+ * at the end. Each rank talks to log2(p) peers at most, and one more.
+ */
+static bool overlap(const uint8_t *a, size_t na, const uint8_t *b, size_t nb);
+
+static int doubling_place(int r, int extra)
+{
+	return r < 2 * extra ? (r % 2 ? r / 2 : -1) : r - extra;
+}
+
+static int doubling_rank(int place, int extra)
+{
+	return place < extra ? 2 * place + 1 : place + extra;
+}
+
+/* The ranks that take part (a power of two) and log2 of it. */
+static int doubling_width(int n, int *log_p)
+{
+	int p = 1;
+
+	*log_p = 0;
+	while (p * 2 <= n) {
+		p *= 2;
+		++*log_p;
+	}
+	return p;
+}
+
+static uint32_t doubling_nops(const struct tfab_world *w)
+{
+	int L, extra = w->size - doubling_width(w->size, &L);
+
+	if (w->rank < 2 * extra)
+		return w->rank % 2 ? 2 + 2 * (uint32_t)L : 2;
+	return 2 * (uint32_t)L;
+}
+
+/*
+ * The schedule: S[s] sends this rank's partial, R[s] reduces the partner's with it into the
+ * next one. Partials alternate between out and a pool block so that the last is out; the block
+ * a step writes is the one the step before it sent, hence S[s-1] -> R[s] besides R[s-1] -> S[s]
+ * and R[s-1] -> R[s]. An input that out overlaps is copied first, as the first send reads it
+ * while the first reduction may write out.
+ */
+static int build_doubling_allreduce(struct tfab_coll *c)
+{
+	struct tfab_world *w = c->w;
+	struct tfab_context *ctx = w->ctx;
+	int L, r = w->rank, extra = w->size - doubling_width(w->size, &L);
+	int place = doubling_place(r, extra);
+	uint32_t i = 0, pre = UINT32_MAX;
+	const uint8_t *src = c->in;
+	uint8_t *part[2];
+	struct coll_op *op;
+	int rc;
+
+	if (place < 0) { /* the even one of a pair: its tensor in, the result back */
+		op_set(c, 0, OP_SEND, r + 1, 'h', 0, 0, (uint8_t *)c->in, c->nbytes);
+		op_set(c, 1, OP_RECV_INTO, r + 1, 'h', 1, 0, c->out, c->nbytes);
+		op_after(c, 0, 1);
+		return 0;
+	}
+	tfab__ctx_lock(ctx);
+	rc = tfab__pool_alloc(tfab__ctx_pool(ctx), 0, 2 * c->nbytes, &c->zbuf, NULL);
+	tfab__ctx_unlock(ctx);
+	if (rc)
+		return rc;
+	/* part[k]: where the partial of a step s with (L - 1 - s) % 2 == k goes */
+	part[0] = c->out;
+	part[1] = c->zbuf;
+	if (overlap(c->in, c->nbytes, c->out, c->nbytes)) {
+		memcpy((uint8_t *)c->zbuf + c->nbytes, c->in, c->nbytes);
+		src = (uint8_t *)c->zbuf + c->nbytes;
+	}
+	if (r < 2 * extra) { /* the odd one of a pair: the two reduced first */
+		op = op_set(c, i, OP_RECV_POOL, r - 1, 'h', 0, 0, part[L % 2], c->nbytes);
+		op->act = ACT_REDUCE;
+		op->local = src;
+		src = op->buf;
+		pre = i++;
+	}
+	for (int s = 0; s < L; s++) {
+		int peer = doubling_rank(place ^ (1 << s), extra);
+		uint32_t S = i++, R = i++;
+
+		op_set(c, S, OP_SEND, peer, 'b', (uint32_t)s, 0, (uint8_t *)src, c->nbytes);
+		op = op_set(c, R, OP_RECV_POOL, peer, 'b', (uint32_t)s, 0, part[(L - 1 - s) % 2],
+			    c->nbytes);
+		op->act = ACT_REDUCE;
+		op->local = src;
+		op->last = s == L - 1;
+		if (s > 0) {
+			op_after(c, R - 2, S);
+			op_after(c, R - 2, R);
+			op_after(c, S - 2, R);
+		} else if (pre != UINT32_MAX) {
+			op_after(c, pre, S);
+			op_after(c, pre, R);
+		}
+		src = op->buf;
+	}
+	if (r < 2 * extra) { /* the result back to the even one */
+		op_set(c, i, OP_SEND, r - 1, 'h', 1, 0, c->out, c->nbytes);
+		op_after(c, i - 1, i);
+		i++;
+	}
+	return 0;
+}
+
 /* A compressed ring's block of compressed pieces, its error feedback and its schedule. */
 static int zallreduce(struct tfab_coll *c, size_t count, uint32_t P, const char *key)
 {
@@ -1370,7 +1489,11 @@ enum tfab_coll_algo tfab__coll_algo(const struct tfab_world *w, size_t nbytes, s
 {
 	if (asked != TFAB_ALGO_AUTO)
 		return asked;
-	return nbytes > w->small && count >= (size_t)w->size ? TFAB_ALGO_RING : TFAB_ALGO_DIRECT;
+	if (nbytes > w->small && count >= (size_t)w->size)
+		return TFAB_ALGO_RING;
+	/* through the segments, every rank's operand is read from there: direct */
+	return w->size >= DOUBLING_RANKS && !via_segments(w, nbytes) ? TFAB_ALGO_DOUBLING
+								     : TFAB_ALGO_DIRECT;
 }
 
 static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *out, enum tfab_op op,
@@ -1381,6 +1504,7 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 	uint8_t *ib, *ob;
 	size_t inb, onb, count, esize;
 	uint32_t nops = 0, P = 1;
+	enum tfab_coll_algo algo;
 	struct tfab_coll *c;
 	bool ring, fast;
 	int rc;
@@ -1396,7 +1520,7 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 	rc = reduce_args("allreduce", in, out, inb, onb, 1, op, &rt);
 	if (rc)
 		return rc;
-	if ((unsigned)o.algo > TFAB_ALGO_RING || (unsigned)o.compress > TFAB_COMPRESS_INT8 ||
+	if ((unsigned)o.algo > TFAB_ALGO_DOUBLING || (unsigned)o.compress > TFAB_COMPRESS_INT8 ||
 	    (o.compress && (rt != TFAB_RT_F32 || (op != TFAB_OP_SUM && op != TFAB_OP_AVG) ||
 			    o.algo == TFAB_ALGO_DIRECT))) {
 		char a[TFAB_DTYPE_NAME_MAX];
@@ -1416,13 +1540,17 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 		o.algo = TFAB_ALGO_RING;
 	else
 		o.compress = TFAB_COMPRESS_NONE;
-	ring = tfab__coll_algo(w, inb, count, o.algo) == TFAB_ALGO_RING;
-	fast = !ring && !o.compress && via_segments(w, inb);
+	algo = tfab__coll_algo(w, inb, count, o.algo);
+	ring = algo == TFAB_ALGO_RING;
+	/* through the segments where it may: but for doubling asked for by name */
+	fast = !ring && o.algo != TFAB_ALGO_DOUBLING && !o.compress && via_segments(w, inb);
 	if (fast) {
 		nops = 0;
 	} else if (w->size > 1 && ring) {
 		P = pieces_of(w, (count + (size_t)w->size - 1) / (size_t)w->size * esize);
 		nops = P * 4 * ((uint32_t)w->size - 1);
+	} else if (w->size > 1 && algo == TFAB_ALGO_DOUBLING) {
+		nops = doubling_nops(w);
 	} else if (w->size > 1) {
 		nops = 2 * ((uint32_t)w->size - 1);
 	}
@@ -1448,6 +1576,12 @@ static int allreduce_host(struct tfab_world *w, const DLTensor *in, DLTensor *ou
 		c->fast = true;
 	} else if (w->size > 1 && ring) {
 		build_ring_allreduce(c, count, P);
+	} else if (w->size > 1 && algo == TFAB_ALGO_DOUBLING) {
+		rc = build_doubling_allreduce(c);
+		if (rc) {
+			coll_free(c);
+			return rc;
+		}
 	} else if (w->size > 1) {
 		build_direct_allreduce(c);
 	}

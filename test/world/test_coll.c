@@ -195,6 +195,91 @@ static bool int_less(const struct dtype *d, uint64_t a, uint64_t b)
 	 : (op) == TFAB_OP_PROD ? (acc) * (x)                 \
 				: (acc) + (x))
 
+/* acc = acc op x, one element of d, as the library reduces two operands. */
+static void combine(const struct dtype *d, enum tfab_op op, void *acc, const void *x)
+{
+	switch (d->k) {
+	case K_F32: {
+		float a, b;
+
+		memcpy(&a, acc, 4);
+		memcpy(&b, x, 4);
+		a = FOLD(a, b, op);
+		memcpy(acc, &a, 4);
+		break;
+	}
+	case K_F64: {
+		double a, b;
+
+		memcpy(&a, acc, 8);
+		memcpy(&b, x, 8);
+		a = FOLD(a, b, op);
+		memcpy(acc, &a, 8);
+		break;
+	}
+	case K_F16:
+	case K_BF16: {
+		bool f16 = d->k == K_F16;
+		uint16_t a, b;
+		float fa, fb;
+
+		memcpy(&a, acc, 2);
+		memcpy(&b, x, 2);
+		fa = f16 ? f16_value(a) : bf16_value(a);
+		fb = f16 ? f16_value(b) : bf16_value(b);
+		a = f16 ? f16_of(FOLD(fa, fb, op)) : bf16_of(FOLD(fa, fb, op));
+		memcpy(acc, &a, 2);
+		break;
+	}
+	case K_INT: {
+		/* in 64 bits, truncated to the width after each step */
+		uint64_t a = 0, b = 0;
+
+		memcpy(&a, acc, d->size);
+		memcpy(&b, x, d->size);
+		a = int_wrap(d, a);
+		b = int_wrap(d, b);
+		if (op == TFAB_OP_MIN)
+			a = int_less(d, b, a) ? b : a;
+		else if (op == TFAB_OP_MAX)
+			a = int_less(d, a, b) ? b : a;
+		else
+			a = int_wrap(d, op == TFAB_OP_PROD ? a * b : a + b);
+		memcpy(acc, &a, d->size);
+		break;
+	}
+	}
+}
+
+/* An average's end: acc, the sum of n ranks' elements, divided by n as the library does. */
+static void average(const struct dtype *d, void *acc, int n)
+{
+	switch (d->k) {
+	case K_F32:
+		*(float *)acc /= (float)n;
+		break;
+	case K_F64:
+		*(double *)acc /= (double)n;
+		break;
+	case K_F16:
+		*(uint16_t *)acc = f16_of(f16_value(*(uint16_t *)acc) / (float)n);
+		break;
+	case K_BF16:
+		*(uint16_t *)acc = bf16_of(bf16_value(*(uint16_t *)acc) / (float)n);
+		break;
+	case K_INT: {
+		uint64_t a = 0;
+
+		memcpy(&a, acc, d->size);
+		a = int_wrap(d, a);
+		a = int_wrap(d,
+			     d->dl.code == kDLInt ? (uint64_t)((int64_t)a / n) : a / (uint64_t)n);
+		memcpy(acc, &a, d->size);
+		break;
+	}
+	}
+}
+
 /*
  * Element i of the reduction of every rank's tensor (element i of each, as fill makes it),
  * folded in rank order from rank first around the ring, written to out[j].
@@ -202,81 +287,55 @@ static bool int_less(const struct dtype *d, uint64_t a, uint64_t b)
 static void reduce_one(const struct dtype *d, enum tfab_op op, int n, int first, size_t i,
 		       void *out, size_t j)
 {
-	char x[8];
+	char acc[8], x[8];
 
-	switch (d->k) {
-	case K_F32: {
-		float acc = 0;
+	fill(d, acc, first % n, i, 1);
+	for (int k = 1; k < n; k++) {
+		fill(d, x, (first + k) % n, i, 1);
+		combine(d, op, acc, x);
+	}
+	if (op == TFAB_OP_AVG)
+		average(d, acc, n);
+	memcpy((char *)out + j * d->size, acc, d->size);
+}
 
-		for (int k = 0; k < n; k++) {
-			fill(d, x, (first + k) % n, i, 1);
-			acc = k == 0 ? *(float *)x : FOLD(acc, *(float *)x, op);
+/*
+ * The same by recursive doubling (coll.c, build_doubling_allreduce): p = the largest power of
+ * two <= n ranks take part; the first 2(n - p) pair up, the odd one of each taking the even
+ * one's element first; then at each step every place combines with the place whose number
+ * differs in that bit.
+ */
+static void doubling_one(const struct dtype *d, enum tfab_op op, int n, size_t i, void *out,
+			 size_t j)
+{
+	char v[64][8], x[8];
+	int p = 1, extra;
+
+	while (p * 2 <= n)
+		p *= 2;
+	extra = n - p;
+	for (int place = 0; place < p; place++) {
+		int r = place < extra ? 2 * place + 1 : place + extra;
+
+		fill(d, v[place], r, i, 1);
+		if (place < extra) {
+			fill(d, x, r - 1, i, 1);
+			combine(d, op, x, v[place]);
+			memcpy(v[place], x, sizeof(x));
 		}
-		((float *)out)[j] = op == TFAB_OP_AVG ? acc / (float)n : acc;
-		break;
 	}
-	case K_F64: {
-		double acc = 0;
+	for (int bit = 1; bit < p; bit *= 2) {
+		char w[64][8];
 
-		for (int k = 0; k < n; k++) {
-			fill(d, x, (first + k) % n, i, 1);
-			acc = k == 0 ? *(double *)x : FOLD(acc, *(double *)x, op);
+		for (int place = 0; place < p; place++) {
+			memcpy(w[place], v[place ^ bit], sizeof(w[place]));
+			combine(d, op, w[place], v[place]);
 		}
-		((double *)out)[j] = op == TFAB_OP_AVG ? acc / (double)n : acc;
-		break;
+		memcpy(v, w, sizeof(v[0]) * (size_t)p);
 	}
-	case K_F16: {
-		uint16_t acc = 0;
-
-		for (int k = 0; k < n; k++) {
-			float a = f16_value(acc), b;
-
-			fill(d, x, (first + k) % n, i, 1);
-			b = f16_value(*(uint16_t *)x);
-			acc = k == 0 ? f16_of(b) : f16_of(FOLD(a, b, op));
-		}
-		((uint16_t *)out)[j] = op == TFAB_OP_AVG ? f16_of(f16_value(acc) / (float)n) : acc;
-		break;
-	}
-	case K_BF16: {
-		uint16_t acc = 0;
-
-		for (int k = 0; k < n; k++) {
-			float a = bf16_value(acc), b;
-
-			fill(d, x, (first + k) % n, i, 1);
-			b = bf16_value(*(uint16_t *)x);
-			acc = k == 0 ? bf16_of(b) : bf16_of(FOLD(a, b, op));
-		}
-		((uint16_t *)out)[j] =
-		    op == TFAB_OP_AVG ? bf16_of(bf16_value(acc) / (float)n) : acc;
-		break;
-	}
-	case K_INT: {
-		/* in 64 bits, truncated to the width after each step */
-		uint64_t acc = 0;
-
-		for (int k = 0; k < n; k++) {
-			uint64_t v = 0;
-
-			fill(d, &v, (first + k) % n, i, 1);
-			v = int_wrap(d, v);
-			if (k == 0)
-				acc = v;
-			else if (op == TFAB_OP_MIN)
-				acc = int_less(d, v, acc) ? v : acc;
-			else if (op == TFAB_OP_MAX)
-				acc = int_less(d, acc, v) ? v : acc;
-			else
-				acc = int_wrap(d, op == TFAB_OP_PROD ? acc * v : acc + v);
-		}
-		if (op == TFAB_OP_AVG)
-			acc = int_wrap(d, d->dl.code == kDLInt ? (uint64_t)((int64_t)acc / n)
-							       : acc / (uint64_t)n);
-		memcpy((char *)out + j * d->size, &acc, d->size);
-		break;
-	}
-	}
+	if (op == TFAB_OP_AVG)
+		average(d, v[0], n);
+	memcpy((char *)out + j * d->size, v[0], d->size);
 }
 
 /* The part (of n) that element i of count falls in, as the library splits them. */
@@ -289,12 +348,20 @@ static int part_of(size_t count, int n, size_t i)
 	return n - 1;
 }
 
-/* The allreduce's reference: direct folds from rank 0, the ring part c from rank c. */
-static void allreduce_reference(const struct dtype *d, enum tfab_op op, bool ring, int n,
-				size_t count, void *out)
+/*
+ * The allreduce's reference: direct folds from rank 0, the ring part c from rank c, doubling
+ * as doubling_one.
+ */
+static void allreduce_reference(const struct dtype *d, enum tfab_op op, enum tfab_coll_algo algo,
+				int n, size_t count, void *out)
 {
-	for (size_t i = 0; i < count; i++)
-		reduce_one(d, op, n, ring ? part_of(count, n, i) : 0, i, out, i);
+	for (size_t i = 0; i < count; i++) {
+		if (algo == TFAB_ALGO_DOUBLING)
+			doubling_one(d, op, n, i, out, i);
+		else
+			reduce_one(d, op, n, algo == TFAB_ALGO_RING ? part_of(count, n, i) : 0, i,
+				   out, i);
+	}
 }
 
 static DLTensor tensor_of(const struct dtype *d, void *data, int64_t *shape)
@@ -360,17 +427,19 @@ struct case_ar {
 	struct job job;
 };
 
-/* Every operation and both algorithms for one dtype, all in flight at once. */
+static const char *const ALGO_NAMES[] = {"auto", "direct", "ring", "doubling"};
+
+/* Every operation and the three algorithms for one dtype, all in flight at once. */
 static int allreduce_dtype(struct tfab_world *w, const struct dtype *d)
 {
 	static const size_t counts[] = {1, 5, 1031, 70001};
-	enum { NC = NOPS * 2 * (sizeof(counts) / sizeof(counts[0])) };
+	enum { NC = NOPS * 3 * (sizeof(counts) / sizeof(counts[0])) };
 	struct case_ar cs[NC];
 	int rank = tfab_world_rank(w), n = tfab_world_size(w), bad = 0, ncase = 0;
 	atomic_int order = 0;
 
 	for (int op = 0; op < NOPS; op++) {
-		for (int a = 1; a <= 2; a++) {
+		for (int a = TFAB_ALGO_DIRECT; a <= TFAB_ALGO_DOUBLING; a++) {
 			for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
 				struct case_ar *c = &cs[ncase++];
 				struct tfab_coll_opts o = {.algo = (enum tfab_coll_algo)a};
@@ -405,9 +474,9 @@ static int allreduce_dtype(struct tfab_world *w, const struct dtype *d)
 		char what[128];
 
 		snprintf(what, sizeof(what), "allreduce %s %s %s of %zu%s", d->name,
-			 OP_NAMES[c->op], c->algo == TFAB_ALGO_RING ? "ring" : "direct", c->count,
+			 OP_NAMES[c->op], ALGO_NAMES[c->algo], c->count,
 			 c->in_place ? " in place" : "");
-		allreduce_reference(d, c->op, c->algo == TFAB_ALGO_RING, n, c->count, want);
+		allreduce_reference(d, c->op, c->algo, n, c->count, want);
 		if (c->job.status) {
 			printf("rank %d: %s: %s\n", rank, what, tfab_strerror(c->job.status));
 			bad = 1;
@@ -456,8 +525,8 @@ static int out_of_order(struct tfab_world *w)
 			return 1;
 	}
 	bad |= wait_all(w, "out of order");
-	allreduce_reference(d, TFAB_OP_SUM, true, n, (size_t)big_n, want_big);
-	allreduce_reference(d, TFAB_OP_SUM, false, n, 3, want);
+	allreduce_reference(d, TFAB_OP_SUM, TFAB_ALGO_RING, n, (size_t)big_n, want_big);
+	allreduce_reference(d, TFAB_OP_SUM, TFAB_ALGO_DIRECT, n, 3, want);
 	for (int i = 0; i <= SMALL; i++) {
 		if (jobs[i].status) {
 			printf("rank %d: out of order, allreduce %d: %s\n", rank, i,
@@ -1645,7 +1714,7 @@ static int sum2_ok(struct tfab_world *w, int status, const float v[2], const cha
 		       sum2_status(status));
 		return 1;
 	}
-	allreduce_reference(&DTYPES[0], TFAB_OP_SUM, false, tfab_world_size(w), 2, want);
+	allreduce_reference(&DTYPES[0], TFAB_OP_SUM, TFAB_ALGO_DIRECT, tfab_world_size(w), 2, want);
 	return compare(tfab_world_rank(w), what, v, want, 2, 4);
 }
 
@@ -1821,7 +1890,8 @@ static int run_env(long iters)
 			       tfab_peer_path(tfab_world_peer(w, r)));
 	}
 	fill(d, in, tfab_world_rank(w), 0, (size_t)count);
-	allreduce_reference(d, TFAB_OP_SUM, ring, tfab_world_size(w), (size_t)count, want);
+	allreduce_reference(d, TFAB_OP_SUM, ring ? TFAB_ALGO_RING : TFAB_ALGO_DIRECT,
+			    tfab_world_size(w), (size_t)count, want);
 	for (long it = 0; iters < 0 || it < iters; it++) {
 		DLTensor ti = tensor_of(d, in, &count), to = tensor_of(d, out, &count);
 		struct tfab_coll_opts o = {.algo = ring ? TFAB_ALGO_RING : TFAB_ALGO_AUTO};

@@ -743,7 +743,7 @@ class Context:
 
 
 _OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "prod": 4}
-_ALGOS = {None: 0, "auto": 0, "direct": 1, "ring": 2}
+_ALGOS = {None: 0, "auto": 0, "direct": 1, "ring": 2, "doubling": 3}
 _COMPRESS = {None: 0, "none": 0, "fp16": 1, "bf16": 2, "int8": 3}
 
 
@@ -1049,7 +1049,8 @@ class World:
         float16, bfloat16 (torch), float32, float64, and integers: int8 to int64, uint8 to
         uint64 (sums and products wrap, as torch's do). ``compress`` ("fp16", "bf16",
         "int8"; float32 only) shrinks what travels, ``key`` names the tensor for compression's
-        error feedback; ``algo`` ("direct", "ring"; None: by size). Returns a Future of out."""
+        error feedback; ``algo`` ("direct", "ring", "doubling"; None: by size). Returns a
+        Future of out."""
         opn = _choice(_OPS, op, "op")
         algon = _choice(_ALGOS, algo, "algo")
         compn = _choice(_COMPRESS, compress, "compress")
