@@ -262,8 +262,8 @@ TFAB_EXPORT int tfab_recv_ahead(struct tfab_context *ctx, struct tfab_peer *peer
  * progress thread does), then gives up with -ETIMEDOUT. Driving progress, it polls without a
  * pause for TFAB_SPIN_US after its last poll that found work (10 ms by default), then
  * gives the core up for a moment at each poll that finds nothing. *tensor_p gets the tensor
- * cb would get (with dest, a view of it); with tensor_p NULL the library releases it. It may be called
- * in a callback, on the progress thread too. With dest, giving up returns when cb would be
+ * cb would get (with dest, a view of it); with tensor_p NULL the library releases it. It may
+ * be called in a callback, on the progress thread too. With dest, giving up returns when cb would be
  * called (above): after timeout_ms, by as long as the sender takes to read the cancel, since
  * dest is never handed back while the sender may write into it. A signal does not end the
  * wait (-EINTR is never returned). Short timeouts in a loop are no way to watch for signals:

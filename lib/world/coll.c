@@ -1403,6 +1403,7 @@ static int build_doubling_allreduce(struct tfab_coll *c)
 	const uint8_t *src = c->in;
 	uint8_t *part[2];
 	struct coll_op *op;
+	bool copy;
 	int rc;
 
 	if (place < 0) { /* the even one of a pair: its tensor in, the result back */
@@ -1411,17 +1412,19 @@ static int build_doubling_allreduce(struct tfab_coll *c)
 		op_after(c, 0, 1);
 		return 0;
 	}
+	/* a block for the partials not in out, and for a copy of an input that out overlaps */
+	copy = overlap(c->in, c->nbytes, c->out, c->nbytes);
 	tfab__ctx_lock(ctx);
-	rc = tfab__pool_alloc(tfab__ctx_pool(ctx), 0, 2 * c->nbytes, &c->zbuf, NULL);
+	rc = tfab__pool_alloc(tfab__ctx_pool(ctx), 0, (copy ? 2 : 1) * c->nbytes, &c->zbuf, NULL);
 	tfab__ctx_unlock(ctx);
 	if (rc)
 		return rc;
 	/* part[k]: where the partial of a step s with (L - 1 - s) % 2 == k goes */
 	part[0] = c->out;
 	part[1] = c->zbuf;
-	if (overlap(c->in, c->nbytes, c->out, c->nbytes)) {
-		memcpy((uint8_t *)c->zbuf + c->nbytes, c->in, c->nbytes);
-		src = (uint8_t *)c->zbuf + c->nbytes;
+	if (copy) {
+		memcpy(part[1] + c->nbytes, c->in, c->nbytes);
+		src = part[1] + c->nbytes;
 	}
 	if (r < 2 * extra) { /* the odd one of a pair: the two reduced first */
 		op = op_set(c, i, OP_RECV_POOL, r - 1, 'h', 0, 0, part[L % 2], c->nbytes);
